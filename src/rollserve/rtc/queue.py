@@ -1,0 +1,95 @@
+"""ActionQueue: the chunk a robot is executing, in robot space and in model space.
+
+With RTC, a new chunk replaces the queue from index ``d`` on (the first ``d`` actions were executed
+while it was inferred); without RTC, the new chunk is appended after what is still unexecuted.
+numpy only: the robot side never needs torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+
+from rollserve.rtc.config import RTCConfig
+
+logger = logging.getLogger(__name__)
+
+
+class ActionQueue:
+    """Thread-safe: the control loop calls ``get`` while the inference thread calls ``merge``."""
+
+    def __init__(self, config: RTCConfig) -> None:
+        self.config = config
+        self.queue: np.ndarray | None = None  # robot space, what the robot executes
+        self.original_queue: np.ndarray | None = None  # model space, what RTC prefixes are made of
+        self.last_index = 0
+        self._lock = threading.Lock()
+
+    def get(self) -> np.ndarray | None:
+        """The next action (robot space), or None when starved. Advances the read index."""
+        with self._lock:
+            if self.queue is None or self.last_index >= len(self.queue):
+                return None
+            action = self.queue[self.last_index].copy()
+            self.last_index += 1
+            return action
+
+    def qsize(self) -> int:
+        with self._lock:
+            return 0 if self.queue is None else len(self.queue) - self.last_index
+
+    def empty(self) -> bool:
+        return self.qsize() == 0
+
+    def get_action_index(self) -> int:
+        with self._lock:
+            return self.last_index
+
+    def get_left_over(self) -> np.ndarray | None:
+        """Unexecuted actions in model space (the RTC prefix), or None before the first chunk."""
+        with self._lock:
+            return None if self.original_queue is None else self.original_queue[self.last_index :].copy()
+
+    def get_processed_left_over(self) -> np.ndarray | None:
+        """Unexecuted actions in robot space."""
+        with self._lock:
+            return None if self.queue is None else self.queue[self.last_index :].copy()
+
+    def clear(self) -> None:
+        """Forget everything (a new episode)."""
+        with self._lock:
+            self.queue = None
+            self.original_queue = None
+            self.last_index = 0
+
+    def merge(
+        self,
+        original_actions: np.ndarray,
+        processed_actions: np.ndarray,
+        real_delay: int,
+        action_index_before_inference: int | None = 0,
+    ) -> None:
+        """Fold a new chunk in. ``real_delay``: actions executed while it was inferred."""
+        original = np.asarray(original_actions)
+        processed = np.asarray(processed_actions)
+        if original.shape[0] != processed.shape[0]:
+            raise ValueError(f"chunk lengths differ: model {original.shape} vs robot {processed.shape}")
+        with self._lock:
+            if action_index_before_inference is not None:
+                executed = self.last_index - action_index_before_inference
+                if executed != real_delay:
+                    logger.debug("delay hint %d but %d actions executed during inference", real_delay, executed)
+            if self.config.enabled:
+                delay = max(0, min(int(real_delay), len(original)))
+                self.original_queue = original[delay:].copy()
+                self.queue = processed[delay:].copy()
+            elif self.queue is None:
+                self.original_queue = original.copy()
+                self.queue = processed.copy()
+            else:
+                assert self.original_queue is not None
+                self.original_queue = np.concatenate([self.original_queue[self.last_index :], original])
+                self.queue = np.concatenate([self.queue[self.last_index :], processed])
+            self.last_index = 0

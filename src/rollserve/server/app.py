@@ -1,0 +1,72 @@
+"""The ASGI app: one FastAPI app for every transport (policy websockets, rollout REST, health, metrics).
+
+Routes live in their own modules; this file only composes them, so a deployment can serve a policy,
+a world, or both from one process.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse, Response
+
+from rollserve.server.auth import ApiKeyMiddleware
+from rollserve.server.metrics import METRICS
+from rollserve.server.settings import ServerSettings
+
+if TYPE_CHECKING:
+    from rollserve.server.policy_service import PolicyService
+    from rollserve.server.rollout_service import RolloutService
+
+
+def create_app(
+    settings: ServerSettings | None = None,
+    *,
+    policy: PolicyService | None = None,
+    rollout: RolloutService | None = None,
+) -> FastAPI:
+    """Build the app for the given services; each one is optional."""
+    settings = settings or ServerSettings()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):  # type: ignore[no-untyped-def]
+        yield
+        if policy is not None:
+            policy.close()
+        if rollout is not None:
+            rollout.close()
+
+    app = FastAPI(title="rollserve", version="0.1.0", lifespan=lifespan)
+    app.state.settings = settings
+
+    @app.get("/healthz", response_class=PlainTextResponse)
+    async def healthz() -> str:
+        return "OK\n"
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body, content_type = METRICS.render()
+        return Response(content=body, media_type=content_type)
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        data: list[dict[str, Any]] = []
+        if policy is not None:
+            data.extend(policy.describe_models())
+        if rollout is not None:
+            data.extend(rollout.describe_models())
+        return {"object": "list", "data": data}
+
+    if policy is not None:
+        from rollserve.server.policy_routes import add_policy_routes
+
+        add_policy_routes(app, policy, settings)
+    if rollout is not None:
+        from rollserve.server.rollout_routes import build_rollout_router
+
+        app.include_router(build_rollout_router(rollout, settings))
+
+    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    return app

@@ -1,0 +1,25 @@
+"""One explicit settings object for the server: every knob a deployment may turn, with safe defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rollserve.wire.limits import WireLimits
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Server-wide settings. Binds to loopback unless told otherwise."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    # policy engine
+    max_batch_size: int = 8
+    max_batch_wait_ms: float = 2.0
+    max_policy_sessions: int = 64
+    # rollout service
+    max_rollout_sessions: int = 256
+    rollout_idle_ttl_s: float = 600.0
+    # wire limits, shared by every transport
+    limits: WireLimits = field(default_factory=WireLimits)

@@ -1,0 +1,29 @@
+"""`rollserve train policy|world`: route to the module that owns each training job.
+
+Modules are imported only when chosen, so training the policy never imports the world model's code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+# subcommand -> (module exposing add_arguments(parser) and main(args) -> int, one-line help)
+JOBS: dict[str, tuple[str, str]] = {
+    "policy": ("rollserve.training.policy", "behaviour-clone the reference flow-matching policy"),
+    "world": ("rollserve.training.world_model", "train the learned world model"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", choices=sorted(JOBS), help="what to train")
+    parser.add_argument("job_args", nargs=argparse.REMAINDER, help="options of the job (see JOB --help)")
+
+
+def main(args: argparse.Namespace) -> int:
+    module_path, help_text = JOBS[args.job]
+    module = importlib.import_module(module_path)
+    parser = argparse.ArgumentParser(prog=f"rollserve train {args.job}", description=help_text)
+    module.add_arguments(parser)
+    job_args = parser.parse_args(args.job_args)
+    return int(module.main(job_args) or 0)

@@ -1,0 +1,283 @@
+"""`rollserve train policy`: behaviour-clone the reference flow-matching policy from expert demos.
+
+Reads a dataset ``.npz`` (``states``, ``actions``, ``episode_index``, ``frame_index``, ``success``,
+``meta_json``; see ``rollserve.sim.dataset``), generating it first when the file is absent, trains
+with the flow-matching loss, shows live progress, and writes a checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rollserve.models.checkpoint import save_flow_policy
+from rollserve.models.flow_net import FlowNetConfig, VelocityNet
+from rollserve.models.flow_policy import DEFAULT_RTC, FlowMatchingPolicy
+from rollserve.models.flow_stats import NormStats
+
+DEFAULT_DATA = Path("data/expert_demos.npz")
+DEFAULT_EPISODES = 200
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and architecture knobs; stored in the checkpoint's provenance."""
+
+    steps: int = 20_000
+    batch_size: int = 256
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    warmup_steps: int = 500
+    seed: int = 0
+    chunk_size: int = 16
+    hidden_dim: int = 256
+    depth: int = 3
+    time_embed_dim: int = 64
+    num_steps: int = 10
+    """Euler steps at inference."""
+    state_noise: float = 0.0
+    """Std of Gaussian noise added to normalised training states (robustness to drift)."""
+    ema_decay: float = 0.999
+
+
+@dataclass
+class ChunkDataset:
+    """Normalised states ``(N, S)`` and action-chunk targets ``(N, H, A)``, one row per frame."""
+
+    states: np.ndarray
+    chunks: np.ndarray
+    stats: NormStats
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_arrays(cls, data: dict[str, Any], chunk_size: int) -> ChunkDataset:
+        states = np.asarray(data["states"], np.float32)
+        actions = np.asarray(data["actions"], np.float32)
+        episodes = np.asarray(data["episode_index"], np.int64)
+        stats = NormStats.fit(states, actions)
+        index = chunk_indices(episodes, chunk_size)
+        meta_raw = data.get("meta_json")
+        meta = json.loads(str(meta_raw)) if meta_raw is not None else {}
+        return cls(stats.normalize_state(states), stats.normalize_actions(actions)[index], stats, meta)
+
+
+def chunk_indices(episode_index: np.ndarray, chunk_size: int) -> np.ndarray:
+    """``(N, H)`` frame indices of ``actions[t:t+H]`` within each episode, repeating its last frame.
+
+    Frames of one episode must be contiguous (as the dataset writes them).
+    """
+    n = len(episode_index)
+    starts = np.flatnonzero(np.r_[True, episode_index[1:] != episode_index[:-1]])
+    ends = np.r_[starts[1:], n] - 1
+    last = np.repeat(ends, np.diff(np.r_[starts, n]))
+    offsets = np.arange(n)[:, None] + np.arange(chunk_size)[None, :]
+    return np.minimum(offsets, last[:, None])
+
+
+def load_npz(path: str | Path) -> dict[str, Any]:
+    with np.load(path, allow_pickle=False) as npz:
+        return {key: npz[key] for key in npz.files}
+
+
+def _lr_at(step: int, config: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to 0."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return config.lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def flow_matching_loss(
+    net: VelocityNet, states: torch.Tensor, chunks: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
+    """MSE to the straight-path velocity ``A - noise`` at ``A_tau = tau A + (1 - tau) noise``."""
+    noise = torch.randn(chunks.shape, generator=generator)
+    tau = torch.rand(chunks.shape[0], generator=generator)
+    x_tau = tau[:, None, None] * chunks + (1.0 - tau[:, None, None]) * noise
+    return torch.mean((net(x_tau, states, tau) - (chunks - noise)) ** 2)
+
+
+ProgressFn = Callable[[int, float], None]
+"""Called after each step with ``(step, loss)``."""
+
+
+def train_flow_policy(
+    data: dict[str, Any], config: TrainConfig, *, on_step: ProgressFn | None = None
+) -> tuple[FlowMatchingPolicy, list[float]]:
+    """Train on dataset arrays; returns the (EMA) policy and the per-step training losses.
+
+    Deterministic for a given ``config.seed`` and thread count.
+    """
+    torch.manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(config.seed)
+    dataset = ChunkDataset.from_arrays(data, config.chunk_size)
+    net_config = FlowNetConfig(
+        chunk_size=config.chunk_size,
+        action_dim=dataset.chunks.shape[-1],
+        state_dim=dataset.states.shape[-1],
+        hidden_dim=config.hidden_dim,
+        depth=config.depth,
+        time_embed_dim=config.time_embed_dim,
+    )
+    net = VelocityNet(net_config)
+    ema = VelocityNet(net_config)
+    ema.load_state_dict(net.state_dict())
+    ema.requires_grad_(False)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    states = torch.from_numpy(dataset.states)
+    chunks = torch.from_numpy(dataset.chunks)
+    losses: list[float] = []
+    for step in range(config.steps):
+        rows = torch.randint(len(states), (config.batch_size,), generator=generator)
+        batch_states = states[rows]
+        if config.state_noise > 0:
+            batch_states = batch_states + config.state_noise * torch.randn(
+                batch_states.shape, generator=generator
+            )
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, config)
+        loss = flow_matching_loss(net, batch_states, chunks[rows], generator)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        with torch.no_grad():
+            for e, p in zip(ema.parameters(), net.parameters(), strict=True):
+                e.lerp_(p, 1.0 - config.ema_decay)
+        losses.append(float(loss))
+        if on_step is not None:
+            on_step(step, losses[-1])
+    meta = dataset.meta
+    action_names = meta.get("action_names") or [f"action_{i}" for i in range(net_config.action_dim)]
+    policy = FlowMatchingPolicy(
+        ema if config.ema_decay > 0 else net,
+        dataset.stats,
+        action_names,
+        state_names=meta.get("state_names"),
+        control_hz=float(meta.get("control_hz", 15.0)),
+        num_steps=config.num_steps,
+        rtc=DEFAULT_RTC,
+        seed=config.seed,
+    )
+    return policy, losses
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = TrainConfig()
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="dataset .npz (generated if absent)")
+    parser.add_argument("--episodes", type=int, default=DEFAULT_EPISODES, help="episodes when generating")
+    parser.add_argument("--data-seed", type=int, default=0, help="seed when generating the dataset")
+    parser.add_argument("--out", type=Path, default=Path("runs/flow_policy"), help="checkpoint directory")
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--chunk-size", type=int, default=defaults.chunk_size)
+    parser.add_argument("--hidden-dim", type=int, default=defaults.hidden_dim)
+    parser.add_argument("--depth", type=int, default=defaults.depth)
+    parser.add_argument("--state-noise", type=float, default=defaults.state_noise)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 = reproducible)")
+    parser.add_argument("--eval-episodes", type=int, default=0, help="evaluate in the sim afterwards")
+
+
+def _ensure_dataset(args: argparse.Namespace) -> Path:
+    if args.data.exists():
+        return args.data
+    from rollserve.sim.dataset import generate_dataset
+
+    args.data.parent.mkdir(parents=True, exist_ok=True)
+    print(f"generating {args.episodes} expert episodes (seed {args.data_seed}) -> {args.data}")
+    generate_dataset(args.episodes, args.data_seed, args.data)
+    return args.data
+
+
+def _train_with_progress(data: dict[str, Any], config: TrainConfig) -> tuple[FlowMatchingPolicy, list[float]]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (
+        TextColumn("[bold]train policy"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.4f}"),
+        TextColumn("{task.fields[rate]:.0f} steps/s"),
+        TimeRemainingColumn(),
+    )
+    started = time.perf_counter()
+    with Progress(*columns, refresh_per_second=4) as progress:
+        task = progress.add_task("train", total=config.steps, loss=float("nan"), rate=0.0)
+        recent: list[float] = []
+
+        def on_step(step: int, loss: float) -> None:
+            recent.append(loss)
+            if (step + 1) % 50 == 0 or step + 1 == config.steps:
+                rate = (step + 1) / max(time.perf_counter() - started, 1e-9)
+                progress.update(task, completed=step + 1, loss=float(np.mean(recent)), rate=rate)
+                recent.clear()
+
+        return train_flow_policy(data, config, on_step=on_step)
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The full command that reproduces this run (every option spelled out)."""
+    parts = ["rollserve train policy"]
+    for key, value in vars(args).items():
+        if key in {"command", "eval_episodes"} or callable(value):
+            continue
+        parts.append(f"--{key.replace('_', '-')} {value}")
+    return " ".join(parts)
+
+
+def main(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    data_path = _ensure_dataset(args)
+    data = load_npz(data_path)
+    config = TrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        chunk_size=args.chunk_size,
+        hidden_dim=args.hidden_dim,
+        depth=args.depth,
+        state_noise=args.state_noise,
+    )
+    started = time.perf_counter()
+    policy, losses = _train_with_progress(data, config)
+    seconds = time.perf_counter() - started
+    policy.info = {
+        "command": _command_line(args),
+        "train_config": asdict(config),
+        "dataset": {
+            "file": data_path.name,
+            "frames": len(data["states"]),
+            "episodes": len(data["success"]) if "success" in data else None,
+            "generated_with": {"episodes": args.episodes, "seed": args.data_seed},
+        },
+        "final_loss_avg100": float(np.mean(losses[-100:])),
+        "train_seconds": round(seconds, 1),
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    if args.eval_episodes > 0:
+        from rollserve.training.policy_eval import evaluate_policy
+
+        result = evaluate_policy(policy, episodes=args.eval_episodes)
+        policy.info["evaluation"] = result
+        print(f"success {result['successes']}/{result['episodes']} = {result['success_rate']:.0%}")
+    out = save_flow_policy(policy, args.out)
+    print(f"trained {config.steps} steps in {seconds:.0f} s, final loss {policy.info['final_loss_avg100']:.4f}")
+    print(f"checkpoint -> {out}")
+    return 0

@@ -1,0 +1,88 @@
+"""Tensors on the wire: ``{__ndarray__, data, dtype, shape}`` maps, the layout openpi-client uses.
+
+Data is the array's little-endian raw bytes, so float32 stays float32 byte for byte. Decoding
+checks dtype, shape and element count against the limits before building anything, and wraps the
+received buffer without copying.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from rollserve.wire.errors import BAD_SHAPE, MALFORMED_FRAME, TOO_MANY_ELEMENTS, UNSUPPORTED_DTYPE, WireError
+from rollserve.wire.limits import DEFAULT_LIMITS, WireLimits
+
+NDARRAY_KEY = b"__ndarray__"
+NPGENERIC_KEY = b"__npgeneric__"
+# bool, signed and unsigned ints, floats. Object, void, complex, strings and datetimes are refused.
+ALLOWED_KINDS = frozenset("biuf")
+
+
+def check_dtype(dtype_str: Any) -> np.dtype:
+    """Parse a wire dtype string, refusing anything that is not a plain little-endian number."""
+    if isinstance(dtype_str, bytes):
+        dtype_str = dtype_str.decode("ascii", "replace")
+    if not isinstance(dtype_str, str) or len(dtype_str) > 8:
+        raise WireError(UNSUPPORTED_DTYPE, f"dtype must be a short string, got {dtype_str!r:.40}")
+    try:
+        dtype = np.dtype(dtype_str)
+    except (TypeError, ValueError):
+        raise WireError(UNSUPPORTED_DTYPE, f"unknown dtype {dtype_str!r}") from None
+    if dtype.kind not in ALLOWED_KINDS or dtype.byteorder == ">" or dtype.fields is not None:
+        raise WireError(UNSUPPORTED_DTYPE, f"dtype {dtype_str!r} is not allowed (numbers only, little-endian)")
+    return dtype
+
+
+def encode_array(array: np.ndarray) -> dict[bytes, Any]:
+    """The wire map for one array (C order, little-endian, no copy when already so)."""
+    dtype = array.dtype
+    if dtype.kind not in ALLOWED_KINDS or dtype.fields is not None:
+        raise WireError(UNSUPPORTED_DTYPE, f"cannot send arrays of dtype {dtype}")
+    if dtype.byteorder == ">":
+        array = array.astype(dtype.newbyteorder("<"))
+    array = np.ascontiguousarray(array)
+    return {
+        NDARRAY_KEY: True,
+        b"data": memoryview(array).cast("B") if array.size else b"",
+        b"dtype": array.dtype.str,
+        b"shape": list(array.shape),
+    }
+
+
+def encode_scalar(value: np.generic) -> dict[bytes, Any]:
+    if value.dtype.kind not in ALLOWED_KINDS:
+        raise WireError(UNSUPPORTED_DTYPE, f"cannot send scalars of dtype {value.dtype}")
+    return {NPGENERIC_KEY: True, b"data": value.item(), b"dtype": value.dtype.str}
+
+
+def decode_array(obj: dict[Any, Any], limits: WireLimits = DEFAULT_LIMITS) -> np.ndarray:
+    """Build the array a wire map describes, after validating it. Read-only view of the frame's bytes."""
+    dtype = check_dtype(obj.get(b"dtype"))
+    shape = obj.get(b"shape")
+    data = obj.get(b"data")
+    if not isinstance(shape, list | tuple) or len(shape) > limits.max_tensor_dims:
+        raise WireError(BAD_SHAPE, f"shape must be a list of at most {limits.max_tensor_dims} ints")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise WireError(BAD_SHAPE, f"shape entries must be non-negative ints, got {list(shape)!r:.80}")
+    count = math.prod(shape)
+    if count > limits.max_tensor_elements:
+        raise WireError(TOO_MANY_ELEMENTS, f"{count} elements exceeds the limit of {limits.max_tensor_elements}")
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise WireError(MALFORMED_FRAME, "tensor data must be binary")
+    if len(data) != count * dtype.itemsize:
+        raise WireError(BAD_SHAPE, f"{len(data)} data bytes do not match shape {list(shape)} of {dtype.str}")
+    return np.frombuffer(data, dtype=dtype, count=count).reshape(shape)
+
+
+def decode_scalar(obj: dict[Any, Any]) -> np.generic:
+    dtype = check_dtype(obj.get(b"dtype"))
+    value = obj.get(b"data")
+    if not isinstance(value, bool | int | float):
+        raise WireError(MALFORMED_FRAME, "numpy scalar data must be a number")
+    try:
+        return dtype.type(value)
+    except (OverflowError, ValueError):
+        raise WireError(MALFORMED_FRAME, f"{value!r} does not fit dtype {dtype.str}") from None

@@ -1,0 +1,138 @@
+"""The batching worker: off-loop execution, batching, per-item errors, superseding, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from rollserve.engine import BatchingWorker, EngineClosed, Superseded
+
+
+def _doubling(items: list[int]) -> list[int]:
+    return [2 * item for item in items]
+
+
+async def test_runs_in_worker_thread_and_returns_timings() -> None:
+    seen_threads: list[str] = []
+
+    def run(items: list[int]) -> list[int]:
+        seen_threads.append(threading.current_thread().name)
+        return _doubling(items)
+
+    worker = BatchingWorker(run, name="test-engine")
+    try:
+        done = await worker.submit(21)
+        assert done.value == 42
+        assert done.batch_size == 1
+        assert done.queue_wait_s >= 0 and done.run_s >= 0
+        assert seen_threads == ["test-engine"]
+    finally:
+        worker.close()
+
+
+async def test_concurrent_requests_share_one_batch() -> None:
+    gate = threading.Event()
+    sizes: list[int] = []
+
+    def run(items: list[int]) -> list[int]:
+        gate.wait(5)
+        sizes.append(len(items))
+        return _doubling(items)
+
+    worker = BatchingWorker(run, max_batch_size=8, max_wait_s=0.02)
+    try:
+        first = worker.submit_future(0)  # occupies the worker until the gate opens
+        await asyncio.sleep(0.2)
+        later = [asyncio.ensure_future(worker.submit(i)) for i in range(1, 5)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        results = await asyncio.gather(*later)
+        assert first.result(5).value == 0
+        assert [r.value for r in results] == [2, 4, 6, 8]
+        assert sizes[-1] == 4 and all(r.batch_size == 4 for r in results)
+        assert worker.stats.max_batch_seen == 4
+    finally:
+        worker.close()
+
+
+async def test_batch_size_one_never_batches() -> None:
+    sizes: list[int] = []
+
+    def run(items: list[int]) -> list[int]:
+        sizes.append(len(items))
+        time.sleep(0.01)
+        return _doubling(items)
+
+    worker = BatchingWorker(run, max_batch_size=1)
+    try:
+        results = await asyncio.gather(*(worker.submit(i) for i in range(5)))
+        assert [r.value for r in results] == [0, 2, 4, 6, 8]
+        assert sizes == [1] * 5
+    finally:
+        worker.close()
+
+
+async def test_per_item_errors_do_not_fail_the_batch() -> None:
+    def run(items: list[int]) -> list[int | BaseException]:
+        return [ValueError(f"bad {i}") if i < 0 else i for i in items]
+
+    worker = BatchingWorker(run, max_batch_size=4, max_wait_s=0.05)
+    try:
+        results = await worker.submit_many([1, -1, 3])
+        assert results[0].value == 1 and results[2].value == 3
+        assert isinstance(results[1], ValueError)
+    finally:
+        worker.close()
+
+
+async def test_model_crash_fails_every_item_but_worker_survives() -> None:
+    calls = {"n": 0}
+
+    def run(items: list[int]) -> list[int]:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("model exploded")
+        return _doubling(items)
+
+    worker = BatchingWorker(run)
+    try:
+        with pytest.raises(RuntimeError, match="exploded"):
+            await worker.submit(1)
+        assert (await worker.submit(2)).value == 4
+    finally:
+        worker.close()
+
+
+async def test_newer_request_of_same_key_supersedes_waiting_one() -> None:
+    gate = threading.Event()
+
+    def run(items: list[int]) -> list[int]:
+        gate.wait(5)
+        return items
+
+    worker = BatchingWorker(run)
+    try:
+        busy = worker.submit_future(-1, key="other")
+        await asyncio.sleep(0.05)
+        old = worker.submit_future(1, key="robot-a", tag=1)
+        new = worker.submit_future(2, key="robot-a", tag=2)
+        gate.set()
+        with pytest.raises(Superseded) as info:
+            old.result(5)
+        assert info.value.newer_tag == 2
+        assert new.result(5).value == 2
+        assert busy.result(5).value == -1
+        assert worker.stats.superseded == 1
+    finally:
+        worker.close()
+
+
+def test_close_rejects_new_work() -> None:
+    worker = BatchingWorker(_doubling)
+    assert worker.run_now(3).value == 6
+    worker.close()
+    with pytest.raises(EngineClosed):
+        worker.submit_future(1)
