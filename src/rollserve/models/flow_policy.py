@@ -184,7 +184,10 @@ class FlowMatchingPolicy:
 
 
 def load_default(device: str = "cpu", **kwargs: Any) -> FlowMatchingPolicy:
-    """The shipped checkpoint (``rollserve/checkpoints/flow_policy``); spec ``rollserve.models.flow_policy:load_default``."""
+    """Load the checkpoint shipped in ``rollserve/checkpoints/flow_policy``.
+
+    The factory behind the spec string ``rollserve.models.flow_policy:load_default``.
+    """
     from rollserve.models.checkpoint import default_checkpoint_dir, load_flow_policy
 
     return load_flow_policy(default_checkpoint_dir(), device=device, **kwargs)

@@ -31,6 +31,9 @@ EE_SITE = "end_effector"
 """Site between the finger pads, z axis along the fingers."""
 
 
+EXTERIOR_EYE = np.array([1.25, 0.75, 0.75])
+
+
 def franka_assets_dir() -> Path:
     """Where the installed gymnasium-robotics keeps the Panda MJCF (found without importing it)."""
     spec = importlib.util.find_spec("gymnasium_robotics")
@@ -67,7 +70,7 @@ def _look_quat(eye: np.ndarray, look_at: np.ndarray, up: np.ndarray) -> np.ndarr
 def scene_xml(assets: Path) -> str:
     """The scene as MJCF text; the Panda comes in by ``<include>`` from ``assets``."""
     h = CUBE_HALF_SIZE
-    exterior = _xyaxes(np.array([1.15, 0.55, 0.6]), np.array([0.45, 0.0, 0.0]), np.array([0.0, 0.0, 1.0]))
+    exterior = _xyaxes(EXTERIOR_EYE, np.array([0.42, 0.0, 0.12]), np.array([0.0, 0.0, 1.0]))
     return f"""
 <mujoco model="rollserve_tabletop">
   <include file="{assets / "assets.xml"}"/>
@@ -75,7 +78,8 @@ def scene_xml(assets: Path) -> str:
   <option timestep="{PHYSICS_TIMESTEP}" integrator="implicitfast"/>
   <include file="{assets / "actuator.xml"}"/>
   <visual>
-    <quality shadowsize="1024"/>
+    <quality shadowsize="0"/>
+    <global offwidth="256" offheight="256"/>
     <headlight ambient="0.35 0.35 0.35" diffuse="0.5 0.5 0.5"/>
   </visual>
   <asset>
@@ -85,7 +89,7 @@ def scene_xml(assets: Path) -> str:
     <material name="table" rgba=".62 .5 .38 1"/>
   </asset>
   <worldbody>
-    <light pos="0.4 0 1.8" dir="0 0 -1" diffuse=".6 .6 .6" castshadow="true"/>
+    <light pos="0.4 0 1.8" dir="0 0 -1" diffuse=".6 .6 .6" castshadow="false"/>
     <geom name="floor" type="plane" pos="0 0 {TABLE_TOP_Z - 0.75}" size="3 3 0.1" material="floor"/>
     <body name="table" pos="0.45 0 {TABLE_TOP_Z - 0.025}">
       <geom name="table_top" type="box" size="0.6 0.6 0.025" material="table" friction="0.8 0.005 0.0001"/>
@@ -100,7 +104,7 @@ def scene_xml(assets: Path) -> str:
       <geom name="target" type="cylinder" size="0.04 0.0015" contype="0" conaffinity="0"
             rgba=".15 .75 .3 .8"/>
     </body>
-    <camera name="exterior" pos="1.15 0.55 0.6" xyaxes="{exterior}" fovy="50"/>
+    <camera name="exterior" pos="{" ".join(map(str, EXTERIOR_EYE))}" xyaxes="{exterior}" fovy="50"/>
   </worldbody>
   <contact>
     <exclude body1="panda0_link0" body2="table"/>
@@ -118,8 +122,11 @@ def build_spec() -> mujoco.MjSpec:
             body.gravcomp = 1.0
     hand = spec.body("panda0_link7")
     # On the side of the hand (away from the finger travel), looking down past the fingertips.
-    eye = np.array([0.075, 0.075, 0.09])
-    hand.add_camera(name="wrist", pos=eye, quat=_look_quat(eye, np.array([0.0, 0.0, 0.26]), np.ones(3)), fovy=75.0)
+    side = np.array([np.sqrt(0.5), -np.sqrt(0.5), 0.0])  # the hand's narrow side, across the finger travel
+    eye = 0.08 * side + np.array([0.0, 0.0, 0.1])
+    look_at = np.array([0.0, 0.0, 0.26])
+    hand.add_camera(name="wrist", pos=eye, quat=_look_quat(eye, look_at, side), fovy=80.0)
+    spec.site(EE_SITE).group = 4  # a marker for code, not for cameras
     return spec
 
 

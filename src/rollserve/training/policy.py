@@ -153,7 +153,7 @@ def train_flow_policy(
         with torch.no_grad():
             for e, p in zip(ema.parameters(), net.parameters(), strict=True):
                 e.lerp_(p, 1.0 - config.ema_decay)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if on_step is not None:
             on_step(step, losses[-1])
     meta = dataset.meta
@@ -278,6 +278,37 @@ def main(args: argparse.Namespace) -> int:
         policy.info["evaluation"] = result
         print(f"success {result['successes']}/{result['episodes']} = {result['success_rate']:.0%}")
     out = save_flow_policy(policy, args.out)
-    print(f"trained {config.steps} steps in {seconds:.0f} s, final loss {policy.info['final_loss_avg100']:.4f}")
+    print(
+        f"trained {config.steps} steps in {seconds:.0f} s, final loss {policy.info['final_loss_avg100']:.4f}"
+    )
     print(f"checkpoint -> {out}")
     return 0
+
+
+def synthetic_dataset(
+    episodes: int = 20, length: int = 40, action_dim: int = 8, seed: int = 0
+) -> dict[str, Any]:
+    """A tiny dataset in the sim dataset's format: smooth oscillations whose phase is in the state.
+
+    For tests and smoke runs without the simulator.
+    """
+    rng = np.random.default_rng(seed)
+    states, actions, episode_index, frame_index = [], [], [], []
+    for episode in range(episodes):
+        amp = rng.uniform(0.5, 1.5, action_dim)
+        phase = rng.uniform(0, 2 * np.pi, action_dim)
+        t = np.arange(length)[:, None]
+        angle = 0.2 * t + phase
+        actions.append(amp * np.sin(angle))
+        states.append(np.concatenate([np.cos(angle[:, :2]), np.sin(angle[:, :2]), amp[None, :2] + 0 * t], 1))
+        episode_index.append(np.full(length, episode))
+        frame_index.append(np.arange(length))
+    meta = {"action_names": [f"a{i}" for i in range(action_dim)], "state_names": None, "control_hz": 10.0}
+    return {
+        "states": np.concatenate(states).astype(np.float32),
+        "actions": np.concatenate(actions).astype(np.float32),
+        "episode_index": np.concatenate(episode_index).astype(np.int64),
+        "frame_index": np.concatenate(frame_index).astype(np.int64),
+        "success": np.ones(episodes, bool),
+        "meta_json": np.array(json.dumps(meta)),
+    }

@@ -128,7 +128,8 @@ def decode_message(data: bytes | bytearray | memoryview, limits: WireLimits = DE
     body = unpackb(data, limits)
     if not isinstance(body, dict):
         raise WireError(MALFORMED_FRAME, "a message must be a msgpack map")
-    cls = MESSAGE_TYPES.get(body.get("type"))  # type: ignore[arg-type]
+    message_type = body.get("type")
+    cls = MESSAGE_TYPES.get(message_type) if isinstance(message_type, str) else None
     if cls is None:
         raise WireError(UNKNOWN_MESSAGE, f"unknown message type {body.get('type')!r:.40}")
     values = {}

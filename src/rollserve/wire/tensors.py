@@ -43,7 +43,8 @@ def encode_array(array: np.ndarray) -> dict[bytes, Any]:
         raise WireError(UNSUPPORTED_DTYPE, f"cannot send arrays of dtype {dtype}")
     if dtype.byteorder == ">":
         array = array.astype(dtype.newbyteorder("<"))
-    array = np.ascontiguousarray(array)
+    if not array.flags.c_contiguous:
+        array = array.copy(order="C")  # not np.ascontiguousarray: it turns 0-d arrays into 1-d
     return {
         NDARRAY_KEY: True,
         b"data": memoryview(array).cast("B") if array.size else b"",

@@ -1,0 +1,94 @@
+"""Tensor encoding: byte-exact round trips, refused dtypes, zero-copy decode, limits before allocation."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from rollserve.wire import WireError, WireLimits, decode_tensor, encode_tensor, packb, unpackb
+from rollserve.wire.errors import BAD_SHAPE, TOO_MANY_ELEMENTS, UNSUPPORTED_DTYPE
+
+NUMBER_DTYPES = st.sampled_from(["<f4", "<f8", "<f2", "<i8", "<i4", "<i2", "|i1", "|u1", "<u2", "<u4", "|b1"])
+
+
+def test_non_dyadic_float32_is_byte_exact() -> None:
+    rng = np.random.default_rng(7)
+    array = (rng.standard_normal((50, 8)) * 0.1).astype(np.float32)
+    decoded = decode_tensor(encode_tensor(array))
+    assert decoded.dtype == np.float32
+    assert decoded.shape == array.shape
+    assert decoded.tobytes() == array.tobytes()
+
+
+@given(hnp.arrays(dtype=NUMBER_DTYPES, shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=6)))
+def test_any_numeric_array_round_trips_exactly(array: np.ndarray) -> None:
+    decoded = decode_tensor(encode_tensor(array))
+    assert decoded.dtype == array.dtype
+    assert decoded.shape == array.shape
+    assert decoded.tobytes() == array.tobytes()
+
+
+def test_non_contiguous_and_big_endian_inputs_arrive_as_little_endian_c_order() -> None:
+    base = np.arange(24, dtype=">f4").reshape(4, 6)
+    view = base[:, ::2]
+    decoded = decode_tensor(encode_tensor(view))
+    assert decoded.dtype == np.dtype("<f4")
+    np.testing.assert_array_equal(decoded, view)
+
+
+@pytest.mark.parametrize(
+    "array",
+    [np.array([object()], dtype=object), np.zeros(3, np.complex64), np.zeros(2, "V4"), np.array(["a"])],
+    ids=["object", "complex", "void", "unicode"],
+)
+def test_unsafe_dtypes_are_refused_on_encode(array: np.ndarray) -> None:
+    with pytest.raises(WireError) as info:
+        encode_tensor(array)
+    assert info.value.code == UNSUPPORTED_DTYPE
+
+
+@pytest.mark.parametrize("dtype", ["|O", "<c8", "|V4", ">f4", "<U3", "not-a-dtype", "<M8[s]"])
+def test_unsafe_dtypes_are_refused_on_decode(dtype: str) -> None:
+    frame = msgpack.packb({b"__ndarray__": True, b"data": b"", b"dtype": dtype, b"shape": [0]})
+    with pytest.raises(WireError) as info:
+        unpackb(frame)
+    assert info.value.code == UNSUPPORTED_DTYPE
+
+
+def test_decode_is_zero_copy_and_read_only() -> None:
+    decoded = decode_tensor(encode_tensor(np.ones((64, 64), np.float32)))
+    assert not decoded.flags.owndata
+    assert not decoded.flags.writeable
+
+
+def test_element_count_is_checked_before_allocation() -> None:
+    frame = msgpack.packb({b"__ndarray__": True, b"data": b"", b"dtype": "<f4", b"shape": [2**20, 2**20]})
+    with pytest.raises(WireError) as info:
+        unpackb(frame, WireLimits(max_tensor_elements=1000))
+    assert info.value.code == TOO_MANY_ELEMENTS
+
+
+@pytest.mark.parametrize("shape", [[-1], [1.5], "12", [True], [1] * 20])
+def test_bad_shapes_are_refused(shape: object) -> None:
+    frame = msgpack.packb({b"__ndarray__": True, b"data": b"", b"dtype": "<f4", b"shape": shape})
+    with pytest.raises(WireError) as info:
+        unpackb(frame)
+    assert info.value.code == BAD_SHAPE
+
+
+def test_data_length_must_match_shape() -> None:
+    frame = msgpack.packb({b"__ndarray__": True, b"data": b"\x00" * 7, b"dtype": "<f4", b"shape": [2]})
+    with pytest.raises(WireError) as info:
+        unpackb(frame)
+    assert info.value.code == BAD_SHAPE
+
+
+def test_numpy_scalars_round_trip() -> None:
+    values = {"f": np.float32(0.1), "i": np.int64(-3), "b": np.bool_(True)}
+    decoded = unpackb(packb(values))
+    for key, value in values.items():
+        assert decoded[key].dtype == value.dtype and decoded[key] == value
