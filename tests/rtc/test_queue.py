@@ -52,7 +52,9 @@ def test_non_rtc_merge_appends_after_unexecuted_actions() -> None:
     second_model, second_robot = _chunk(10, 3), _chunk(60, 3)
     queue.merge(second_model, second_robot, 5, 0)  # delay is ignored without RTC
     np.testing.assert_array_equal(queue.get_left_over(), np.concatenate([first_model[1:], second_model]))
-    np.testing.assert_array_equal(queue.get_processed_left_over(), np.concatenate([first_robot[1:], second_robot]))
+    np.testing.assert_array_equal(
+        queue.get_processed_left_over(), np.concatenate([first_robot[1:], second_robot])
+    )
     assert queue.get_action_index() == 0 and queue.qsize() == 6
 
 

@@ -30,7 +30,10 @@ def test_openpi_client_frames_decode_exactly() -> None:
 
 
 def test_our_frames_decode_with_openpi_client() -> None:
-    reply = {"actions": np.linspace(-1, 1, 80, dtype=np.float32).reshape(10, 8), "server_timing": {"infer_ms": 1.5}}
+    reply = {
+        "actions": np.linspace(-1, 1, 80, dtype=np.float32).reshape(10, 8),
+        "server_timing": {"infer_ms": 1.5},
+    }
     decoded = msgpack_numpy.unpackb(packb(reply))
     assert decoded["actions"].tobytes() == reply["actions"].tobytes()
     assert decoded["server_timing"]["infer_ms"] == 1.5

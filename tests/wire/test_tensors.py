@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from rollserve.wire import WireError, WireLimits, decode_tensor, encode_tensor, packb, unpackb
+from rollserve.wire import WireError, WireLimits, decode_tensor, encode_tensor, pack_frame, packb, unpackb
 from rollserve.wire.errors import BAD_SHAPE, TOO_MANY_ELEMENTS, UNSUPPORTED_DTYPE
 
 NUMBER_DTYPES = st.sampled_from(["<f4", "<f8", "<f2", "<i8", "<i4", "<i2", "|i1", "|u1", "<u2", "<u4", "|b1"])
@@ -24,7 +24,9 @@ def test_non_dyadic_float32_is_byte_exact() -> None:
     assert decoded.tobytes() == array.tobytes()
 
 
-@given(hnp.arrays(dtype=NUMBER_DTYPES, shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=6)))
+@given(
+    hnp.arrays(dtype=NUMBER_DTYPES, shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=6))
+)
 def test_any_numeric_array_round_trips_exactly(array: np.ndarray) -> None:
     decoded = decode_tensor(encode_tensor(array))
     assert decoded.dtype == array.dtype
@@ -92,3 +94,33 @@ def test_numpy_scalars_round_trip() -> None:
     decoded = unpackb(packb(values))
     for key, value in values.items():
         assert decoded[key].dtype == value.dtype and decoded[key] == value
+
+
+def test_out_of_band_frames_decode_as_views_of_the_frame() -> None:
+    image = np.arange(64 * 64 * 3, dtype=np.uint8).reshape(64, 64, 3)
+    frame = pack_frame({"a": image, "b": np.float32(1.5), "c": np.ones(3, np.float32)})
+    assert frame[:4] == b"RSV1"
+    decoded = unpackb(frame)
+    assert np.array_equal(decoded["a"], image) and decoded["b"] == np.float32(1.5)
+    assert np.shares_memory(decoded["a"], np.frombuffer(frame, np.uint8))
+    assert decoded["c"].ctypes.data % 4 == 0  # payload is aligned for the dtype
+
+
+@pytest.mark.parametrize("pointer", [[0, 10**6], [-1, 4], "x", [0]])
+def test_out_of_band_pointers_are_checked(pointer: object) -> None:
+    frame = bytearray(pack_frame({"a": np.ones(4, np.float32)}))
+    header = msgpack.packb(
+        {"a": {b"__ndarray__": True, b"oob": pointer, b"dtype": "<f4", b"shape": [4]}}, use_bin_type=True
+    )
+    forged = (
+        b"RSV1" + len(header).to_bytes(4, "little") + header + bytes(-len(header) % 8) + bytes(frame[-16:])
+    )
+    with pytest.raises(WireError):
+        unpackb(forged)
+
+
+def test_truncated_out_of_band_frame_is_malformed() -> None:
+    frame = pack_frame({"a": np.ones(4, np.float32)})
+    for cut in (5, 9, len(frame) - 4):
+        with pytest.raises(WireError):
+            unpackb(frame[:cut])

@@ -120,8 +120,8 @@ class BatchingWorker(Generic[Req, Res]):
             batch = [_Pending(item=item, key=None, tag=None) for item in items]
             self._pending.extend(batch)
             self._cond.notify()
-        results = await asyncio.gather(*(asyncio.wrap_future(p.future) for p in batch), return_exceptions=True)
-        return list(results)
+        futures = [asyncio.wrap_future(p.future) for p in batch]
+        return list(await asyncio.gather(*futures, return_exceptions=True))
 
     def run_now(self, item: Req) -> Completed[Res]:
         """Blocking submit, for callers without an event loop (local engines, scripts)."""

@@ -30,6 +30,5 @@ class RTCConfig:
         if self.max_guidance_weight < 0:
             raise ValueError(f"max_guidance_weight must be >= 0, got {self.max_guidance_weight}")
         if self.prefix_attention_schedule not in SCHEDULES:
-            raise ValueError(
-                f"prefix_attention_schedule must be one of {SCHEDULES}, got {self.prefix_attention_schedule!r}"
-            )
+            schedule = self.prefix_attention_schedule
+            raise ValueError(f"prefix_attention_schedule must be one of {SCHEDULES}, got {schedule!r}")

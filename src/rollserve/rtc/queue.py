@@ -80,7 +80,7 @@ class ActionQueue:
             if action_index_before_inference is not None:
                 executed = self.last_index - action_index_before_inference
                 if executed != real_delay:
-                    logger.debug("delay hint %d but %d actions executed during inference", real_delay, executed)
+                    logger.debug("delay hint %d, but %d actions ran during inference", real_delay, executed)
             if self.config.enabled:
                 delay = max(0, min(int(real_delay), len(original)))
                 self.original_queue = original[delay:].copy()

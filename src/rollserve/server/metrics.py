@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -12,23 +19,30 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "rollserve_requests", "Requests handled", ["route"], registry=self.registry
-        )
+        self.requests = Counter("rollserve_requests", "Requests handled", ["route"], registry=self.registry)
         self.errors = Counter(
             "rollserve_errors", "Requests answered with an error", ["route", "code"], registry=self.registry
         )
         self.queue_wait = Histogram(
-            "rollserve_queue_wait_seconds", "Time waiting for the engine", ["kind"],
-            buckets=_LATENCY_BUCKETS, registry=self.registry,
+            "rollserve_queue_wait_seconds",
+            "Time waiting for the engine",
+            ["kind"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.inference = Histogram(
-            "rollserve_inference_seconds", "Model time per batch", ["kind"],
-            buckets=_LATENCY_BUCKETS, registry=self.registry,
+            "rollserve_inference_seconds",
+            "Model time per batch",
+            ["kind"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.batch_size = Histogram(
-            "rollserve_batch_size", "Requests per model call", ["kind"],
-            buckets=(1, 2, 4, 8, 16, 32, 64), registry=self.registry,
+            "rollserve_batch_size",
+            "Requests per model call",
+            ["kind"],
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=self.registry,
         )
         self.active_sessions = Gauge(
             "rollserve_active_sessions", "Open sessions", ["kind"], registry=self.registry

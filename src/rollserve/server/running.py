@@ -1,4 +1,4 @@
-"""The one way to run the ASGI app: uvicorn, in the foreground (CLI) or in a thread (tests, demo, benchmarks)."""
+"""The one way to run the ASGI app: uvicorn, in the foreground (CLI) or on a thread (tests, demo, bench)."""
 
 from __future__ import annotations
 

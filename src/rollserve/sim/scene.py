@@ -31,7 +31,7 @@ EE_SITE = "end_effector"
 """Site between the finger pads, z axis along the fingers."""
 
 
-EXTERIOR_EYE = np.array([1.25, 0.75, 0.75])
+EXTERIOR_EYE = np.array([1.05, 0.6, 0.6])
 
 
 def franka_assets_dir() -> Path:
@@ -87,6 +87,8 @@ def scene_xml(assets: Path) -> str:
              width="256" height="256"/>
     <material name="floor" texture="floor" texrepeat="4 4"/>
     <material name="table" rgba=".62 .5 .38 1"/>
+    <texture name="sky" type="skybox" builtin="gradient" rgb1=".55 .62 .7" rgb2=".15 .17 .2"
+             width="64" height="64"/>
   </asset>
   <worldbody>
     <light pos="0.4 0 1.8" dir="0 0 -1" diffuse=".6 .6 .6" castshadow="false"/>

@@ -12,6 +12,7 @@ from rollserve.wire.codec import (
     encode_message,
     encode_observation,
     encode_tensor,
+    pack_frame,
     packb,
     unpackb,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "encode_message",
     "encode_observation",
     "encode_tensor",
+    "pack_frame",
     "packb",
     "unpackb",
 ]

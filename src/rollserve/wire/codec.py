@@ -16,13 +16,15 @@ from rollserve.wire.images import check_image, encode_image
 from rollserve.wire.limits import DEFAULT_LIMITS, WireLimits
 from rollserve.wire.messages import (
     MESSAGE_TYPES,
-    SCHEMA_VERSION as CURRENT_SCHEMA,
     ActionChunkMsg,
     Message,
     MsgHeader,
     ObservationMsg,
 )
-from rollserve.wire.msgpack_codec import packb, unpackb
+from rollserve.wire.messages import (
+    SCHEMA_VERSION as CURRENT_SCHEMA,
+)
+from rollserve.wire.msgpack_codec import pack_frame, packb, unpackb
 
 M = TypeVar("M")
 
@@ -35,15 +37,19 @@ __all__ = [
     "encode_message",
     "encode_observation",
     "encode_tensor",
+    "pack_frame",
     "packb",
     "unpackb",
 ]
 
 
 # -- encoding ----------------------------------------------------------------------------------------
+_HEADER_FIELDS = tuple(f.name for f in dataclasses.fields(MsgHeader))
+
+
 def _wire_value(kind: str, value: Any, quality: int) -> Any:
     if kind == "header":
-        return dataclasses.asdict(value)
+        return {name: getattr(value, name) for name in _HEADER_FIELDS}
     if kind == "images":
         return {name: encode_image(image, quality) for name, image in value.items()}
     if kind in ("array", "opt_array") and value is not None:
@@ -52,12 +58,12 @@ def _wire_value(kind: str, value: Any, quality: int) -> Any:
 
 
 def encode_message(msg: Message) -> bytes:
-    """One frame for any session-protocol message."""
+    """One frame for any session-protocol message (out-of-band arrays: decoded without copying)."""
     quality = getattr(msg, "jpeg_quality", 0)
     body: dict[str, Any] = {"type": msg.TYPE}
     for name, kind in msg.WIRE_FIELDS.items():
         body[name] = _wire_value(kind, getattr(msg, name), quality)
-    return packb(body)
+    return pack_frame(body)
 
 
 # -- decoding ----------------------------------------------------------------------------------------
@@ -72,55 +78,55 @@ def _is_int(value: Any) -> bool:
 def _header(value: Any) -> MsgHeader:
     if not isinstance(value, dict):
         raise _bad("header", "a map", value)
-    fields = {}
-    for f in dataclasses.fields(MsgHeader):
-        if f.name in value:
-            if not _is_int(value[f.name]):
-                raise _bad(f"header.{f.name}", "an int", value[f.name])
-            fields[f.name] = value[f.name]
+    fields = {name: value[name] for name in _HEADER_FIELDS if name in value}
+    for name, number in fields.items():
+        if not _is_int(number):
+            raise _bad(f"header.{name}", "an int", number)
     header = MsgHeader(**fields)
     if header.schema_version != CURRENT_SCHEMA:
         raise WireError(SCHEMA_VERSION, f"schema_version {header.schema_version} is not {CURRENT_SCHEMA}")
     return header
 
 
-def _field_value(name: str, kind: str, value: Any, limits: WireLimits) -> Any:  # noqa: C901
-    if kind == "header":
-        return _header(value)
-    if kind == "str":
-        if not isinstance(value, str):
-            raise _bad(name, "a string", value)
-    elif kind == "int":
-        if not _is_int(value):
-            raise _bad(name, "an int", value)
-    elif kind == "opt_int":
-        if value is not None and not _is_int(value):
-            raise _bad(name, "an int or nil", value)
-    elif kind == "float":
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            raise _bad(name, "a number", value)
-        value = float(value)
-    elif kind == "bool":
-        if not isinstance(value, bool):
-            raise _bad(name, "a bool", value)
-    elif kind in ("str_list", "int_list"):
-        check = (lambda v: isinstance(v, str)) if kind == "str_list" else _is_int
-        if not isinstance(value, list) or not all(check(v) for v in value):
-            raise _bad(name, "a list of " + ("strings" if kind == "str_list" else "ints"), value)
-    elif kind == "dict":
-        if not isinstance(value, dict):
-            raise _bad(name, "a map", value)
-    elif kind in ("array", "opt_array"):
-        if not (isinstance(value, np.ndarray) or (kind == "opt_array" and value is None)):
-            raise _bad(name, "a tensor", value)
-    elif kind == "images":
-        if not isinstance(value, dict) or len(value) > limits.max_images:
-            raise _bad(name, f"a map of at most {limits.max_images} images", value)
-        for cam, image in value.items():
-            if not isinstance(cam, str):
-                raise _bad(name, "keyed by camera name", cam)
-            check_image(image, f"image {cam!r}")
+def _check(accept: Any, expected: str) -> Any:
+    def validate(name: str, value: Any, limits: WireLimits) -> Any:
+        if not accept(value):
+            raise _bad(name, expected, value)
+        return value
+
+    return validate
+
+
+def _number(name: str, value: Any, limits: WireLimits) -> float:
+    if type(value) not in (int, float):
+        raise _bad(name, "a number", value)
+    return float(value)
+
+
+def _images(name: str, value: Any, limits: WireLimits) -> dict[str, np.ndarray]:
+    if not isinstance(value, dict) or len(value) > limits.max_images:
+        raise _bad(name, f"a map of at most {limits.max_images} images", value)
+    for cam, image in value.items():
+        if not isinstance(cam, str):
+            raise _bad(name, "keyed by camera name", cam)
+        check_image(image, f"image {cam!r}")
     return value
+
+
+_FIELD_VALIDATORS: dict[str, Any] = {
+    "header": lambda name, value, limits: _header(value),
+    "str": _check(lambda v: type(v) is str, "a string"),
+    "int": _check(lambda v: type(v) is int, "an int"),
+    "opt_int": _check(lambda v: v is None or type(v) is int, "an int or nil"),
+    "float": _number,
+    "bool": _check(lambda v: type(v) is bool, "a bool"),
+    "str_list": _check(lambda v: type(v) is list and all(type(x) is str for x in v), "a list of strings"),
+    "int_list": _check(lambda v: type(v) is list and all(type(x) is int for x in v), "a list of ints"),
+    "dict": _check(lambda v: type(v) is dict, "a map"),
+    "array": _check(lambda v: type(v) is np.ndarray, "a tensor"),
+    "opt_array": _check(lambda v: v is None or type(v) is np.ndarray, "a tensor or nil"),
+    "images": _images,
+}
 
 
 def decode_message(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LIMITS) -> Message:
@@ -137,7 +143,7 @@ def decode_message(data: bytes | bytearray | memoryview, limits: WireLimits = DE
         value = body.get(name)
         if value is None and not kind.startswith("opt_"):
             continue  # absent or nil: the field keeps its default
-        values[name] = _field_value(name, kind, value, limits)
+        values[name] = _FIELD_VALIDATORS[kind](name, value, limits)
     return cls(**values)
 
 
@@ -166,7 +172,7 @@ def decode_action_chunk(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> Act
 
 def encode_tensor(array: np.ndarray) -> bytes:
     """A lone tensor as one frame (handy for tests and benchmarks)."""
-    return packb(np.asarray(array))
+    return pack_frame(np.asarray(array))
 
 
 def decode_tensor(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> np.ndarray:

@@ -12,7 +12,7 @@ import numpy as np
 
 from rollserve.wire.errors import BAD_IMAGE, IMAGE_TOO_LARGE, WireError
 from rollserve.wire.limits import DEFAULT_LIMITS, WireLimits
-from rollserve.wire.tensors import decode_array, encode_array
+from rollserve.wire.tensors import decode_array
 
 IMAGE_KEY = b"__image__"
 
@@ -26,7 +26,11 @@ def check_image(image: np.ndarray, name: str = "image") -> None:
 
 
 def _check_size(height: int, width: int, limits: WireLimits) -> None:
-    if height > limits.max_image_side or width > limits.max_image_side or height * width > limits.max_image_pixels:
+    if (
+        height > limits.max_image_side
+        or width > limits.max_image_side
+        or height * width > limits.max_image_pixels
+    ):
         raise WireError(IMAGE_TOO_LARGE, f"{height}x{width} image exceeds the configured limits")
 
 
@@ -36,7 +40,8 @@ def encode_image(image: np.ndarray, quality: int = 0) -> dict[bytes, Any]:
     if not 0 <= quality <= 100:
         raise ValueError(f"jpeg quality must be in 0..100, got {quality}")
     if quality == 0:
-        return {IMAGE_KEY: True, b"format": "raw", b"pixels": encode_array(image)}
+        # the packer encodes the pixel array: inline (packb) or out of band (pack_frame)
+        return {IMAGE_KEY: True, b"format": "raw", b"pixels": image}
     import simplejpeg
 
     data = simplejpeg.encode_jpeg(np.ascontiguousarray(image), quality=quality, colorspace="RGB")

@@ -101,7 +101,8 @@ class ActionChunkMsg:
     TYPE: ClassVar[str] = "action_chunk"
     WIRE_FIELDS: ClassVar[dict[str, str]] = {
         "header": "header", "chunk_model": "array", "chunk_robot": "array", "inference_delay_steps": "int",
-        "queue_wait_ms": "float", "inference_ms": "float", "batch_size": "int", "superseded_seq_ids": "int_list",
+        "queue_wait_ms": "float", "inference_ms": "float", "batch_size": "int",
+        "superseded_seq_ids": "int_list",
     }  # fmt: skip
 
     chunk_model: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
@@ -161,9 +162,27 @@ class ErrorMsg:
 
 
 Message = (
-    SessionOpen | SessionAck | ObservationMsg | ActionChunkMsg | ResetMsg | ResetAck | CloseMsg | CloseAck | ErrorMsg
+    SessionOpen
+    | SessionAck
+    | ObservationMsg
+    | ActionChunkMsg
+    | ResetMsg
+    | ResetAck
+    | CloseMsg
+    | CloseAck
+    | ErrorMsg
 )
 MESSAGE_TYPES: dict[str, type] = {
     cls.TYPE: cls
-    for cls in (SessionOpen, SessionAck, ObservationMsg, ActionChunkMsg, ResetMsg, ResetAck, CloseMsg, CloseAck, ErrorMsg)
+    for cls in (
+        SessionOpen,
+        SessionAck,
+        ObservationMsg,
+        ActionChunkMsg,
+        ResetMsg,
+        ResetAck,
+        CloseMsg,
+        CloseAck,
+        ErrorMsg,
+    )
 }

@@ -1,20 +1,43 @@
 """msgpack with numpy arrays, scalars and images: the one byte format of every rollserve transport.
 
-Compatible with openpi-client's ``msgpack_numpy`` in both directions. Never unpickles; refuses
-object/void/complex dtypes and msgpack extension types; enforces :class:`WireLimits` while parsing.
+Two framings, one decoder:
+
+* ``packb``: plain msgpack, arrays inline as ``{__ndarray__, data, dtype, shape}`` maps, exactly
+  openpi-client's ``msgpack_numpy`` layout (used at the openpi endpoint and for REST bodies).
+* ``pack_frame``: the same message with array bytes moved *out of band* behind a small msgpack
+  header (``RSV1`` magic, header length, header, 8-byte aligned payload). Encoding copies each
+  payload byte once; decoding builds arrays as views of the received frame, with no copy at all.
+
+``unpackb`` reads both. It never unpickles, refuses object/void/complex dtypes and msgpack
+extension types, and enforces :class:`WireLimits` before building anything.
 """
 
 from __future__ import annotations
 
+import functools
+import struct
 from typing import Any
 
 import msgpack
 import numpy as np
 
-from rollserve.wire.errors import FRAME_TOO_LARGE, MALFORMED_FRAME, WireError
+from rollserve.wire.errors import BAD_SHAPE, FRAME_TOO_LARGE, MALFORMED_FRAME, WireError
 from rollserve.wire.images import IMAGE_KEY, decode_image
 from rollserve.wire.limits import DEFAULT_LIMITS, WireLimits
-from rollserve.wire.tensors import NDARRAY_KEY, NPGENERIC_KEY, decode_array, decode_scalar, encode_array, encode_scalar
+from rollserve.wire.tensors import (
+    NDARRAY_KEY,
+    NPGENERIC_KEY,
+    OOB_KEY,
+    decode_array,
+    decode_scalar,
+    encode_array,
+    encode_array_header,
+    encode_scalar,
+)
+
+FRAME_MAGIC = b"RSV1"
+_PREFIX = struct.Struct("<4sI")  # magic, header length
+_ALIGN = 8
 
 
 def _default(obj: Any) -> Any:
@@ -25,15 +48,35 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot encode {type(obj).__name__} on the wire")
 
 
-_packer_kwargs = {"default": _default, "use_bin_type": True}
-
-
 def packb(obj: Any) -> bytes:
-    """Encode a message tree (dicts, lists, str, numbers, bytes, numpy arrays and scalars)."""
-    return msgpack.packb(obj, **_packer_kwargs)
+    """Plain msgpack (openpi-client compatible): dicts, lists, str, numbers, bytes, numpy arrays/scalars."""
+    return msgpack.packb(obj, default=_default, use_bin_type=True)
 
 
-def _object_hook(limits: WireLimits):  # type: ignore[no-untyped-def]
+def pack_frame(obj: Any) -> bytes:
+    """Out-of-band framing: a msgpack header describing the tree, then the raw array bytes."""
+    buffers: list[memoryview] = []
+    offset = 0
+
+    def default(value: Any) -> Any:
+        nonlocal offset
+        if isinstance(value, np.ndarray):
+            header, buffer = encode_array_header(value, offset)
+            buffers.append(buffer)
+            padded = -(-buffer.nbytes // _ALIGN) * _ALIGN
+            if padded != buffer.nbytes:
+                buffers.append(memoryview(bytes(padded - buffer.nbytes)))
+            offset += padded
+            return header
+        return _default(value)
+
+    header = msgpack.packb(obj, default=default, use_bin_type=True)
+    pad = -(_PREFIX.size + len(header)) % _ALIGN
+    return b"".join([_PREFIX.pack(FRAME_MAGIC, len(header)), header, bytes(pad), *buffers])
+
+
+@functools.lru_cache(maxsize=16)
+def _inline_hook(limits: WireLimits):  # type: ignore[no-untyped-def]
     def hook(obj: dict[Any, Any]) -> Any:
         if NDARRAY_KEY in obj:
             return decode_array(obj, limits)
@@ -46,20 +89,26 @@ def _object_hook(limits: WireLimits):  # type: ignore[no-untyped-def]
     return hook
 
 
+def _framed_hook(limits: WireLimits, payload: memoryview):  # type: ignore[no-untyped-def]
+    inline = _inline_hook(limits)
+
+    def hook(obj: dict[Any, Any]) -> Any:
+        if NDARRAY_KEY in obj and OOB_KEY in obj:
+            return decode_array(obj, limits, payload)
+        return inline(obj)
+
+    return hook
+
+
 def _refuse_ext(code: int, data: bytes) -> Any:
     raise WireError(MALFORMED_FRAME, f"msgpack extension type {code} is not accepted")
 
 
-def unpackb(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LIMITS) -> Any:
-    """Decode one frame, or raise :class:`WireError` (never anything else) on bad input."""
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise WireError(MALFORMED_FRAME, f"expected a binary frame, got {type(data).__name__}")
-    if len(data) > limits.max_frame_bytes:
-        raise WireError(FRAME_TOO_LARGE, f"{len(data)} bytes exceeds the limit of {limits.max_frame_bytes}")
+def _unpack(data: Any, hook: Any, limits: WireLimits) -> Any:
     try:
         return msgpack.unpackb(
             data,
-            object_hook=_object_hook(limits),
+            object_hook=hook,
             ext_hook=_refuse_ext,
             raw=False,
             max_bin_len=limits.max_frame_bytes,
@@ -71,3 +120,22 @@ def unpackb(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_L
         raise
     except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as exc:
         raise WireError(MALFORMED_FRAME, f"not a valid msgpack frame ({type(exc).__name__})") from None
+
+
+def unpackb(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LIMITS) -> Any:
+    """Decode one frame of either framing, or raise :class:`WireError` (never anything else)."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise WireError(MALFORMED_FRAME, f"expected a binary frame, got {type(data).__name__}")
+    if len(data) > limits.max_frame_bytes:
+        raise WireError(FRAME_TOO_LARGE, f"{len(data)} bytes exceeds the limit of {limits.max_frame_bytes}")
+    if bytes(data[:4]) != FRAME_MAGIC:
+        return _unpack(data, _inline_hook(limits), limits)
+    view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
+    if len(view) < _PREFIX.size:
+        raise WireError(MALFORMED_FRAME, "truncated frame prefix")
+    _, header_len = _PREFIX.unpack_from(view)
+    start = _PREFIX.size + header_len
+    if start > len(view):
+        raise WireError(BAD_SHAPE if header_len else MALFORMED_FRAME, "frame header runs past the frame")
+    payload = view[start + (-start % _ALIGN) :]
+    return _unpack(view[_PREFIX.size : start], _framed_hook(limits, payload), limits)

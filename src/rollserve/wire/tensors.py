@@ -7,6 +7,7 @@ received buffer without copying.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -17,6 +18,7 @@ from rollserve.wire.limits import DEFAULT_LIMITS, WireLimits
 
 NDARRAY_KEY = b"__ndarray__"
 NPGENERIC_KEY = b"__npgeneric__"
+OOB_KEY = b"oob"  # out-of-band framing: [offset, nbytes] into the frame's payload instead of inline data
 # bool, signed and unsigned ints, floats. Object, void, complex, strings and datetimes are refused.
 ALLOWED_KINDS = frozenset("biuf")
 
@@ -27,17 +29,24 @@ def check_dtype(dtype_str: Any) -> np.dtype:
         dtype_str = dtype_str.decode("ascii", "replace")
     if not isinstance(dtype_str, str) or len(dtype_str) > 8:
         raise WireError(UNSUPPORTED_DTYPE, f"dtype must be a short string, got {dtype_str!r:.40}")
+    return _parse_dtype(dtype_str)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_dtype(dtype_str: str) -> np.dtype:
     try:
         dtype = np.dtype(dtype_str)
     except (TypeError, ValueError):
         raise WireError(UNSUPPORTED_DTYPE, f"unknown dtype {dtype_str!r}") from None
     if dtype.kind not in ALLOWED_KINDS or dtype.byteorder == ">" or dtype.fields is not None:
-        raise WireError(UNSUPPORTED_DTYPE, f"dtype {dtype_str!r} is not allowed (numbers only, little-endian)")
+        raise WireError(
+            UNSUPPORTED_DTYPE, f"dtype {dtype_str!r} is not allowed (numbers only, little-endian)"
+        )
     return dtype
 
 
-def encode_array(array: np.ndarray) -> dict[bytes, Any]:
-    """The wire map for one array (C order, little-endian, no copy when already so)."""
+def _sendable(array: np.ndarray) -> np.ndarray:
+    """C order, little-endian, number dtype; no copy when the array already is."""
     dtype = array.dtype
     if dtype.kind not in ALLOWED_KINDS or dtype.fields is not None:
         raise WireError(UNSUPPORTED_DTYPE, f"cannot send arrays of dtype {dtype}")
@@ -45,12 +54,35 @@ def encode_array(array: np.ndarray) -> dict[bytes, Any]:
         array = array.astype(dtype.newbyteorder("<"))
     if not array.flags.c_contiguous:
         array = array.copy(order="C")  # not np.ascontiguousarray: it turns 0-d arrays into 1-d
+    return array
+
+
+def _bytes_of(array: np.ndarray) -> memoryview:
+    return memoryview(array.reshape(-1)).cast("B") if array.size else memoryview(b"")
+
+
+def encode_array(array: np.ndarray) -> dict[bytes, Any]:
+    """The inline wire map for one array (openpi-client's layout)."""
+    array = _sendable(array)
     return {
         NDARRAY_KEY: True,
-        b"data": memoryview(array).cast("B") if array.size else b"",
+        b"data": _bytes_of(array),
         b"dtype": array.dtype.str,
         b"shape": list(array.shape),
     }
+
+
+def encode_array_header(array: np.ndarray, offset: int) -> tuple[dict[bytes, Any], memoryview]:
+    """The out-of-band wire map (no data, an ``[offset, nbytes]`` pointer) and the bytes to append."""
+    array = _sendable(array)
+    data = _bytes_of(array)
+    header = {
+        NDARRAY_KEY: True,
+        OOB_KEY: [offset, data.nbytes],
+        b"dtype": array.dtype.str,
+        b"shape": list(array.shape),
+    }
+    return header, data
 
 
 def encode_scalar(value: np.generic) -> dict[bytes, Any]:
@@ -59,20 +91,41 @@ def encode_scalar(value: np.generic) -> dict[bytes, Any]:
     return {NPGENERIC_KEY: True, b"data": value.item(), b"dtype": value.dtype.str}
 
 
-def decode_array(obj: dict[Any, Any], limits: WireLimits = DEFAULT_LIMITS) -> np.ndarray:
-    """Build the array a wire map describes, after validating it. Read-only view of the frame's bytes."""
+def _natural_numbers(values: Any, max_len: int) -> bool:
+    """A list of at most ``max_len`` non-negative ints (bool excluded): shapes and pointers."""
+    if type(values) is not list or len(values) > max_len:
+        return False
+    return all(type(value) is int and value >= 0 for value in values)
+
+
+def decode_array(
+    obj: dict[Any, Any], limits: WireLimits = DEFAULT_LIMITS, payload: memoryview | None = None
+) -> np.ndarray:
+    """Build the array a wire map describes, after validating it: a read-only view, never a copy.
+
+    Inline maps carry their bytes in ``data``; out-of-band maps point into ``payload``.
+    """
     dtype = check_dtype(obj.get(b"dtype"))
     shape = obj.get(b"shape")
-    data = obj.get(b"data")
-    if not isinstance(shape, list | tuple) or len(shape) > limits.max_tensor_dims:
-        raise WireError(BAD_SHAPE, f"shape must be a list of at most {limits.max_tensor_dims} ints")
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
-        raise WireError(BAD_SHAPE, f"shape entries must be non-negative ints, got {list(shape)!r:.80}")
+    if not _natural_numbers(shape, limits.max_tensor_dims):
+        raise WireError(BAD_SHAPE, f"shape must be at most {limits.max_tensor_dims} non-negative ints")
     count = math.prod(shape)
     if count > limits.max_tensor_elements:
-        raise WireError(TOO_MANY_ELEMENTS, f"{count} elements exceeds the limit of {limits.max_tensor_elements}")
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise WireError(MALFORMED_FRAME, "tensor data must be binary")
+        raise WireError(
+            TOO_MANY_ELEMENTS, f"{count} elements exceeds the limit of {limits.max_tensor_elements}"
+        )
+    if payload is None:
+        data = obj.get(b"data")
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise WireError(MALFORMED_FRAME, "tensor data must be binary")
+    else:
+        pointer = obj.get(OOB_KEY)
+        if not _natural_numbers(pointer, 2) or len(pointer) != 2:
+            raise WireError(MALFORMED_FRAME, "out-of-band tensor pointer must be [offset, nbytes]")
+        offset, nbytes = pointer
+        if offset + nbytes > len(payload):
+            raise WireError(BAD_SHAPE, "out-of-band tensor runs past the end of the frame")
+        data = payload[offset : offset + nbytes]
     if len(data) != count * dtype.itemsize:
         raise WireError(BAD_SHAPE, f"{len(data)} data bytes do not match shape {list(shape)} of {dtype.str}")
     return np.frombuffer(data, dtype=dtype, count=count).reshape(shape)

@@ -1,0 +1,161 @@
+"""The WorldModel protocol: what the rollout service asks of a world, and nothing about HTTP.
+
+Worlds are *functional*: a session's state is a value the world hands back and the service keeps.
+A step never mutates the state it was given, so a failed step (or one whose output could not be
+encoded) leaves the session exactly as committed, a fork is a second reference to the same value,
+and a retried step starts from the same state as the first try.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+DROID_ACTION_NAMES: tuple[str, ...] = tuple(f"joint_{i}" for i in range(7)) + ("gripper",)
+"""The action layout every served world takes: 7 joint-position targets and one gripper position."""
+
+
+@dataclass(frozen=True)
+class WorldSpec:
+    """What a world observes and accepts; published by ``GET /v1/models``."""
+
+    name: str
+    observation_names: tuple[str, ...]
+    action_names: tuple[str, ...] = DROID_ACTION_NAMES
+    action_low: tuple[float, ...] | None = None
+    action_high: tuple[float, ...] | None = None
+    fps: float = 15.0
+    max_episode_steps: int = 200
+    requires_action: bool = True
+    description: str = ""
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def observation_dim(self) -> int:
+        return len(self.observation_names)
+
+    @property
+    def action_dim(self) -> int:
+        return len(self.action_names)
+
+    def serves(self, model: str) -> bool:
+        return model == self.name or model in self.aliases
+
+    def describe(self) -> dict[str, Any]:
+        """The OpenAI-style ``/v1/models`` entry, with the layouts a client needs to build requests."""
+        action: dict[str, Any] = {
+            "names": list(self.action_names),
+            "shape": [self.action_dim],
+            "dtype": "float32",
+            "fields": {"joint_positions": self.action_dim - 1, "gripper_position": 1},
+        }
+        if self.action_low is not None and self.action_high is not None:
+            action["low"] = list(self.action_low)
+            action["high"] = list(self.action_high)
+        return {
+            "id": self.name,
+            "object": "model",
+            "owned_by": "rollserve",
+            "kind": "world",
+            "description": self.description,
+            "fps": self.fps,
+            "max_episode_steps": self.max_episode_steps,
+            "observation": {
+                "names": list(self.observation_names),
+                "shape": [self.observation_dim],
+                "dtype": "float32",
+                "field": "next_observation.video_latent",
+            },
+            "action": action,
+        }
+
+
+@dataclass(frozen=True)
+class WorldInit:
+    """Where a fresh context starts: a seeded initial state, or an explicit observation vector."""
+
+    seed: int | None = None
+    state: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class WorldStep:
+    """One step: the state to step from, the DROID action, and the folded request (prompt, images)."""
+
+    state: Any
+    action: np.ndarray
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WorldOutput:
+    """A world's answer: the new state (opaque to the service) and what the client sees of it.
+
+    ``observation`` is array-like (numpy or a tensor); the service converts it to float32 before it
+    commits anything, so a world may hand back whatever its model produced.
+    """
+
+    state: Any
+    observation: Any
+    reward: float = 0.0
+    terminated: bool = False
+    uncertainty: float | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class WorldModel(Protocol):
+    """A batched, functional world. Each method returns one output or exception per item, so one bad
+    item never fails the others; the service runs every call on one engine thread."""
+
+    spec: WorldSpec
+
+    def initial_states(self, inits: Sequence[WorldInit]) -> Sequence[WorldOutput | BaseException]: ...
+
+    def step_batch(self, steps: Sequence[WorldStep]) -> Sequence[WorldOutput | BaseException]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class WorldCall:
+    """One unit of engine work: start a fresh context (``init``), then step it if ``step`` is given.
+
+    A step with ``init`` ignores ``step.state`` and starts from the fresh context instead (a
+    stateless step, or the first step conditioned on an explicit start state).
+    """
+
+    init: WorldInit | None = None
+    step: WorldStep | None = None
+
+
+def run_world_calls(world: WorldModel, calls: Sequence[WorldCall]) -> list[WorldOutput | BaseException]:
+    """The engine's ``run_batch``: every init of the batch in one call, then every step in one call."""
+    results: list[WorldOutput | BaseException | None] = [None] * len(calls)
+    init_idx = [i for i, call in enumerate(calls) if call.init is not None]
+    if init_idx:
+        inits = _checked(world.initial_states([calls[i].init for i in init_idx]), len(init_idx))  # type: ignore[misc]
+        for i, out in zip(init_idx, inits, strict=True):
+            results[i] = out
+    steps: list[tuple[int, WorldStep]] = []
+    for i, call in enumerate(calls):
+        if call.step is None or isinstance(results[i], BaseException):
+            continue
+        start = results[i]
+        step = call.step if start is None else WorldStep(start.state, call.step.action, call.step.inputs)
+        steps.append((i, step))
+    if steps:
+        outs = _checked(world.step_batch([s for _, s in steps]), len(steps))
+        for (i, _), out in zip(steps, outs, strict=True):
+            results[i] = out
+    return [r if r is not None else RuntimeError("world call did nothing") for r in results]
+
+
+def _checked(outs: Sequence[WorldOutput | BaseException], expected: int) -> list[WorldOutput | BaseException]:
+    outs = list(outs)
+    if len(outs) != expected:
+        raise RuntimeError(f"world returned {len(outs)} results for {expected} items")
+    return outs

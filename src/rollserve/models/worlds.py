@@ -1,0 +1,107 @@
+"""Choosing a world for ``rollserve serve --world``: ``sim``, ``learned``, ``toy`` or ``module.path:factory``.
+
+Also home of the toy world: a deterministic, dependency-free world with the DROID action layout,
+cheap enough for tests and benchmarks of the serving layer itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from rollserve.models.world import (
+    DROID_ACTION_NAMES,
+    WorldInit,
+    WorldModel,
+    WorldOutput,
+    WorldSpec,
+    WorldStep,
+)
+
+_TOY_OBSERVATION = (
+    tuple(f"joint_{i}" for i in range(7)) + ("gripper",) + tuple(f"target_{i}" for i in range(7))
+)
+
+
+class ToyWorld:
+    """Seven joints that move halfway to their commanded targets each step; the reward is minus the
+    distance to a seeded goal, and an episode ends when the joints reach it."""
+
+    spec = WorldSpec(
+        name="toy",
+        observation_names=_TOY_OBSERVATION,
+        action_names=DROID_ACTION_NAMES,
+        action_low=(-1.0,) * 7 + (0.0,),
+        action_high=(1.0,) * 7 + (1.0,),
+        max_episode_steps=50,
+        description="toy reaching world (tests and benchmarks)",
+    )
+    gain = 0.5
+    success_radius = 0.05
+
+    def initial_states(self, inits: Sequence[WorldInit]) -> list[WorldOutput | BaseException]:
+        return [self._initial(init) for init in inits]
+
+    def _initial(self, init: WorldInit) -> WorldOutput:
+        if init.state is not None:
+            obs = np.asarray(init.state, dtype=np.float32).reshape(-1)
+            if obs.shape != (self.spec.observation_dim,):
+                raise ValueError(f"toy start state must have {self.spec.observation_dim} values")
+        else:
+            rng = np.random.default_rng(init.seed)
+            joints = rng.uniform(-0.5, 0.5, 7)
+            target = rng.uniform(-0.9, 0.9, 7)
+            obs = np.concatenate([joints, [0.0], target]).astype(np.float32)
+        obs = _frozen(obs)
+        return WorldOutput(state=obs, observation=obs)
+
+    def step_batch(self, steps: Sequence[WorldStep]) -> list[WorldOutput | BaseException]:
+        if not steps:
+            return []
+        obs = np.stack([np.asarray(s.state, dtype=np.float32) for s in steps])
+        act = np.stack([np.asarray(s.action, dtype=np.float32) for s in steps])
+        low, high = np.asarray(self.spec.action_low), np.asarray(self.spec.action_high)
+        act = np.clip(act, low, high)
+        nxt = obs.copy()
+        nxt[:, :8] = obs[:, :8] + self.gain * (act - obs[:, :8])
+        dist = np.linalg.norm(nxt[:, :7] - nxt[:, 8:15], axis=1)
+        return [
+            WorldOutput(
+                state=_frozen(row), observation=row, reward=float(-d), terminated=bool(d < self.success_radius)
+            )
+            for row, d in zip(nxt, dist, strict=True)
+        ]
+
+    def close(self) -> None:
+        pass
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array = np.array(array, dtype=np.float32, copy=True)
+    array.flags.writeable = False
+    return array
+
+
+def load_world(spec: str) -> WorldModel:
+    """Build the world named by ``spec``: ``sim`` (the MuJoCo task), ``learned`` (the shipped
+    checkpoint), ``toy``, or ``module.path:factory`` (any callable returning a WorldModel)."""
+    if spec == "toy":
+        return ToyWorld()
+    if spec == "sim":
+        from rollserve.models.sim_world import SimWorld
+
+        return SimWorld()
+    if spec == "learned":
+        from rollserve.models.learned_world import load_default
+
+        return load_default()
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"unknown world {spec!r}: use sim, learned, toy or module.path:factory")
+    factory = getattr(importlib.import_module(module_name), attr)
+    world = factory()
+    if not isinstance(world, WorldModel):
+        raise TypeError(f"{spec} returned {type(world).__name__}, which is not a WorldModel")
+    return world
