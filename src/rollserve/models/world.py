@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-DROID_ACTION_NAMES: tuple[str, ...] = tuple(f"joint_{i}" for i in range(7)) + ("gripper",)
+DROID_ACTION_NAMES: tuple[str, ...] = (*(f"joint_{i}" for i in range(7)), "gripper")
 """The action layout every served world takes: 7 joint-position targets and one gripper position."""
 
 
@@ -27,6 +27,8 @@ class WorldSpec:
     action_names: tuple[str, ...] = DROID_ACTION_NAMES
     action_low: tuple[float, ...] | None = None
     action_high: tuple[float, ...] | None = None
+    observation_low: tuple[float, ...] | None = None
+    observation_high: tuple[float, ...] | None = None
     fps: float = 15.0
     max_episode_steps: int = 200
     requires_action: bool = True
@@ -55,6 +57,15 @@ class WorldSpec:
         if self.action_low is not None and self.action_high is not None:
             action["low"] = list(self.action_low)
             action["high"] = list(self.action_high)
+        observation: dict[str, Any] = {
+            "names": list(self.observation_names),
+            "shape": [self.observation_dim],
+            "dtype": "float32",
+            "field": "next_observation.video_latent",
+        }
+        if self.observation_low is not None and self.observation_high is not None:
+            observation["low"] = list(self.observation_low)
+            observation["high"] = list(self.observation_high)
         return {
             "id": self.name,
             "object": "model",
@@ -63,12 +74,7 @@ class WorldSpec:
             "description": self.description,
             "fps": self.fps,
             "max_episode_steps": self.max_episode_steps,
-            "observation": {
-                "names": list(self.observation_names),
-                "shape": [self.observation_dim],
-                "dtype": "float32",
-                "field": "next_observation.video_latent",
-            },
+            "observation": observation,
             "action": action,
         }
 

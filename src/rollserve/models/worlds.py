@@ -20,9 +20,7 @@ from rollserve.models.world import (
     WorldStep,
 )
 
-_TOY_OBSERVATION = (
-    tuple(f"joint_{i}" for i in range(7)) + ("gripper",) + tuple(f"target_{i}" for i in range(7))
-)
+_TOY_OBSERVATION = (*(f"joint_{i}" for i in range(7)), "gripper", *(f"target_{i}" for i in range(7)))
 
 
 class ToyWorld:
@@ -35,6 +33,8 @@ class ToyWorld:
         action_names=DROID_ACTION_NAMES,
         action_low=(-1.0,) * 7 + (0.0,),
         action_high=(1.0,) * 7 + (1.0,),
+        observation_low=(-1.0,) * 15,
+        observation_high=(1.0,) * 15,
         max_episode_steps=50,
         description="toy reaching world (tests and benchmarks)",
     )
@@ -67,11 +67,10 @@ class ToyWorld:
         nxt = obs.copy()
         nxt[:, :8] = obs[:, :8] + self.gain * (act - obs[:, :8])
         dist = np.linalg.norm(nxt[:, :7] - nxt[:, 8:15], axis=1)
+        done = dist < self.success_radius
         return [
-            WorldOutput(
-                state=_frozen(row), observation=row, reward=float(-d), terminated=bool(d < self.success_radius)
-            )
-            for row, d in zip(nxt, dist, strict=True)
+            WorldOutput(state=_frozen(row), observation=row, reward=float(-d), terminated=bool(end))
+            for row, d, end in zip(nxt, dist, done, strict=True)
         ]
 
     def close(self) -> None:

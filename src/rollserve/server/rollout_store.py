@@ -180,6 +180,5 @@ class RolloutStore:
 def closed_error(session: RolloutSession) -> RolloutError:
     """``session_closed`` or ``session_expired`` for a retired session, with its last committed step."""
     code = "session_expired" if session.closed_reason == "expired" else "session_closed"
-    return RolloutError(
-        code, f"session {session.session_id!r} is {session.closed_reason}", committed_step_id=session.committed_step_id
-    )
+    message = f"session {session.session_id!r} is {session.closed_reason}"
+    return RolloutError(code, message, committed_step_id=session.committed_step_id)

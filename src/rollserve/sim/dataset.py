@@ -240,7 +240,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     summary = generate_dataset(
-                args.episodes,
+        args.episodes,
         args.seed,
         args.out,
         render_images=args.images,

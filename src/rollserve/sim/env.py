@@ -8,7 +8,7 @@ gripper command in [0, 1] (0 open, 1 closed). One step holds the action for 1 / 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import mujoco
@@ -45,7 +45,7 @@ def gripper_opening_to_command(fingers: np.ndarray) -> float:
 class TabletopPickPlaceEnv(gym.Env[dict[str, Any], np.ndarray]):
     """Franka Panda, a 5 cm cube and a target disc; success is the cube put down on the target."""
 
-    metadata = {"render_modes": ["rgb_array"], "render_fps": CONTROL_HZ}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": CONTROL_HZ}
 
     def __init__(
         self,
@@ -152,7 +152,9 @@ class TabletopPickPlaceEnv(gym.Env[dict[str, Any], np.ndarray]):
             snapshot = EnvSnapshot.from_bytes(bytes(snapshot))
         expected = mujoco.mj_stateSize(self.model, self._state_spec)
         if snapshot.physics.shape != (expected,):
-            raise ValueError(f"snapshot holds {snapshot.physics.size} physics values, this env needs {expected}")
+            raise ValueError(
+                f"snapshot holds {snapshot.physics.size} physics values, this env needs {expected}"
+            )
         mujoco.mj_setState(self.model, self.data, snapshot.physics, self._state_spec)
         mujoco.mj_forward(self.model, self.data)
         self.step_count = snapshot.step_count

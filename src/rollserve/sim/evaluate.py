@@ -70,5 +70,7 @@ def evaluate_expert(seeds: Iterable[int]) -> EvalResult:
 
 if __name__ == "__main__":
     result = evaluate_expert(range(100))
-    print(f"expert: {result.success_rate:.1%} over {len(result.seeds)} seeds (0..{result.seeds[-1]}), "
-          f"mean episode {np.mean(result.episode_steps):.1f} steps, {result.steps_per_second:.0f} steps/s")
+    print(
+        f"expert: {result.success_rate:.1%} over {len(result.seeds)} seeds (0..{result.seeds[-1]}), "
+        f"mean episode {np.mean(result.episode_steps):.1f} steps, {result.steps_per_second:.0f} steps/s"
+    )

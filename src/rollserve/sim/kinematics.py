@@ -63,13 +63,13 @@ class ArmKinematics:
             self._place(q)
             pos_err = target_pos - self._data.site_xpos[site]
             rot = self._data.site_xmat[site].reshape(3, 3)
-            rot_err = 0.5 * sum(np.cross(rot[:, i], target_rot[:, i]) for i in range(3))
+            rot_err = 0.5 * np.cross(rot.T, target_rot.T).sum(axis=0)  # small-angle axis * angle
             error = np.concatenate([pos_err, rot_err])
             mujoco.mj_jacSite(self.model, self._data, self._jacp, self._jacr, site)
             jac = np.vstack([self._jacp[:, dofs], self._jacr[:, dofs]])
-            jjt = jac @ jac.T + self._damping2 * np.eye(6)
-            dq = jac.T @ np.linalg.solve(jjt, error)
-            null = np.eye(len(q)) - np.linalg.pinv(jac) @ jac
+            jjt = jac @ jac.T
+            dq = jac.T @ np.linalg.solve(jjt + self._damping2 * np.eye(6), error)
+            null = np.eye(len(q)) - jac.T @ np.linalg.solve(jjt + 1e-9 * np.eye(6), jac)
             dq += null @ (self._posture_gain * (self._rest - q))
             step = np.max(np.abs(dq))
             if step > self._max_step:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import copy
 import functools
 import importlib.util
-import os
 from dataclasses import dataclass
 from pathlib import Path
+from xml.sax.saxutils import quoteattr
 
 import mujoco
 import numpy as np
@@ -29,9 +29,8 @@ FINGER_OPEN = 0.04
 """Finger slide joint position (m) when fully open; 0 is closed."""
 EE_SITE = "end_effector"
 """Site between the finger pads, z axis along the fingers."""
-
-
 EXTERIOR_EYE = np.array([1.05, 0.6, 0.6])
+"""Exterior camera position: front-left of the robot, seeing the arm, the cube and the target."""
 
 
 def franka_assets_dir() -> Path:
@@ -39,7 +38,7 @@ def franka_assets_dir() -> Path:
     spec = importlib.util.find_spec("gymnasium_robotics")
     if spec is None or spec.origin is None:
         raise ImportError("gymnasium-robotics is needed for the tabletop scene: pip install 'rollserve[sim]'")
-    path = Path(os.path.dirname(spec.origin)) / "envs" / "assets" / "kitchen_franka" / "franka_assets"
+    path = Path(spec.origin).parent / "envs" / "assets" / "kitchen_franka" / "franka_assets"
     if not (path / "chain.xml").is_file():
         raise FileNotFoundError(f"Panda assets not found at {path}")
     return path
@@ -70,13 +69,17 @@ def _look_quat(eye: np.ndarray, look_at: np.ndarray, up: np.ndarray) -> np.ndarr
 def scene_xml(assets: Path) -> str:
     """The scene as MJCF text; the Panda comes in by ``<include>`` from ``assets``."""
     h = CUBE_HALF_SIZE
+
+    def file(name: str) -> str:  # absolute path as an XML attribute value, quotes included
+        return quoteattr(str(assets / name))
+
     exterior = _xyaxes(EXTERIOR_EYE, np.array([0.42, 0.0, 0.12]), np.array([0.0, 0.0, 1.0]))
     return f"""
 <mujoco model="rollserve_tabletop">
-  <include file="{assets / "assets.xml"}"/>
-  <compiler angle="radian" meshdir="{assets / "meshes"}"/>
+  <include file={file("assets.xml")}/>
+  <compiler angle="radian" meshdir={file("meshes")}/>
   <option timestep="{PHYSICS_TIMESTEP}" integrator="implicitfast"/>
-  <include file="{assets / "actuator.xml"}"/>
+  <include file={file("actuator.xml")}/>
   <visual>
     <quality shadowsize="0"/>
     <global offwidth="256" offheight="256"/>
@@ -96,7 +99,7 @@ def scene_xml(assets: Path) -> str:
     <body name="table" pos="0.45 0 {TABLE_TOP_Z - 0.025}">
       <geom name="table_top" type="box" size="0.6 0.6 0.025" material="table" friction="0.8 0.005 0.0001"/>
     </body>
-    <include file="{assets / "chain.xml"}"/>
+    <include file={file("chain.xml")}/>
     <body name="cube" pos="0.5 0.1 {TABLE_TOP_Z + h}">
       <freejoint name="cube"/>
       <geom name="cube" type="box" size="{h} {h} {h}" mass="0.05" rgba=".85 .2 .15 1"
@@ -123,8 +126,8 @@ def build_spec() -> mujoco.MjSpec:
         if body.name.startswith("panda0_"):
             body.gravcomp = 1.0
     hand = spec.body("panda0_link7")
-    # On the side of the hand (away from the finger travel), looking down past the fingertips.
-    side = np.array([np.sqrt(0.5), -np.sqrt(0.5), 0.0])  # the hand's narrow side, across the finger travel
+    # Beside the hand, on its narrow side (across the finger travel), looking past the fingertips.
+    side = np.array([np.sqrt(0.5), -np.sqrt(0.5), 0.0])
     eye = 0.08 * side + np.array([0.0, 0.0, 0.1])
     look_at = np.array([0.0, 0.0, 0.26])
     hand.add_camera(name="wrist", pos=eye, quat=_look_quat(eye, look_at, side), fovy=80.0)
@@ -159,11 +162,8 @@ class SceneIndex:
 
     @classmethod
     def of(cls, model: mujoco.MjModel) -> SceneIndex:
-        def joints(names: tuple[str, ...]) -> list[mujoco._structs._MjModelJointViews]:
-            return [model.joint(n) for n in names]
-
-        arm = joints(ARM_JOINTS)
-        fingers = joints(FINGER_JOINTS)
+        arm = [model.joint(name) for name in ARM_JOINTS]
+        fingers = [model.joint(name) for name in FINGER_JOINTS]
         cube = model.joint("cube")
         return cls(
             arm_qpos=np.array([int(j.qposadr[0]) for j in arm]),

@@ -25,7 +25,7 @@ from rollserve.models.flow_net import FlowNetConfig, VelocityNet
 from rollserve.models.flow_policy import DEFAULT_RTC, FlowMatchingPolicy
 from rollserve.models.flow_stats import NormStats
 
-DEFAULT_DATA = Path("data/expert_demos.npz")
+DEFAULT_DATA = Path("data/tabletop.npz")
 DEFAULT_EPISODES = 200
 
 

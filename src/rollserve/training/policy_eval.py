@@ -1,13 +1,13 @@
-"""Closed-loop evaluation of a chunking policy in the simulated pick-and-place task.
+"""Closed-loop score of a chunking policy in the simulated pick-and-place task.
 
 Synchronous execution, no delay: observe, predict a chunk, execute its first ``execute_steps``
-actions, repeat until the episode ends. Episode ``i`` resets the env with seed ``first_seed + i``,
-and chunk noise is seeded per call, so a result is exactly reproducible.
+actions, observe again. Scoring reuses ``rollserve.sim.evaluate`` (the loop the expert is scored
+with). Chunk noise is seeded from the episode seed, so a result is exactly reproducible.
 """
 
 from __future__ import annotations
 
-import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -16,27 +16,28 @@ from rollserve.models.flow_policy import FlowMatchingPolicy
 from rollserve.models.policy import make_processors
 
 EVAL_FIRST_SEED = 100_000
-"""Far from the seeds the dataset generator uses, so evaluation layouts are unseen."""
+"""Far from the dataset's episode seeds' pattern; evaluation layouts are unseen in training."""
 
 
-def run_episode(policy: FlowMatchingPolicy, env: Any, seed: int, execute_steps: int) -> dict[str, Any]:
-    """One episode; returns ``success``, ``steps`` and the number of chunks inferred."""
-    processors = make_processors(policy)
-    obs, info = env.reset(seed=seed)
-    steps = chunks = 0
-    done = False
-    while not done:
-        batch = processors.pre(obs)
-        batch["seed"] = seed * 1000 + chunks
-        actions = processors.post(policy.predict_action_chunk(batch))
-        chunks += 1
-        for action in actions[:execute_steps]:
-            obs, _, terminated, truncated, info = env.step(action)
-            steps += 1
-            done = terminated or truncated
-            if done:
-                break
-    return {"success": bool(info["success"]), "steps": steps, "chunks": chunks}
+class ChunkActor:
+    """Plays a policy's chunks one action per env step, re-planning every ``execute_steps``."""
+
+    def __init__(self, policy: FlowMatchingPolicy, execute_steps: int, seed: int) -> None:
+        self.policy = policy
+        self.processors = make_processors(policy)
+        self.execute_steps = execute_steps
+        self.seed = seed
+        self.chunks = 0
+        self.queue: deque[np.ndarray] = deque()
+
+    def __call__(self, obs: dict[str, Any]) -> np.ndarray:
+        if not self.queue:
+            batch = self.processors.pre(obs)
+            batch["seed"] = self.seed * 1000 + self.chunks
+            chunk = self.processors.post(self.policy.predict_action_chunk(batch))
+            self.queue.extend(chunk[: self.execute_steps])
+            self.chunks += 1
+        return self.queue.popleft()
 
 
 def evaluate_policy(
@@ -47,22 +48,18 @@ def evaluate_policy(
     execute_steps: int = 8,
 ) -> dict[str, Any]:
     """Success rate over ``episodes`` seeded episodes (synchronous execution, no inference delay)."""
-    from rollserve.sim.env import TabletopPickPlaceEnv
+    from rollserve.sim.evaluate import evaluate
 
-    env = TabletopPickPlaceEnv()
-    started = time.perf_counter()
-    try:
-        results = [run_episode(policy, env, first_seed + i, execute_steps) for i in range(episodes)]
-    finally:
-        env.close()
-    successes = sum(r["success"] for r in results)
+    seeds = range(first_seed, first_seed + episodes)
+    seed_iter = iter(seeds)
+    result = evaluate(lambda obs: ChunkActor(policy, execute_steps, next(seed_iter)), seeds)
     return {
         "episodes": episodes,
-        "successes": successes,
-        "success_rate": successes / max(episodes, 1),
+        "successes": int(sum(result.successes)),
+        "success_rate": result.success_rate,
         "first_seed": first_seed,
         "execute_steps": execute_steps,
-        "mean_steps": float(np.mean([r["steps"] for r in results])) if results else 0.0,
-        "failed_seeds": [first_seed + i for i, r in enumerate(results) if not r["success"]],
-        "seconds": round(time.perf_counter() - started, 1),
+        "mean_steps": float(np.mean(result.episode_steps)) if episodes else 0.0,
+        "failed_seeds": [s for s, ok in zip(result.seeds, result.successes, strict=True) if not ok],
+        "seconds": round(result.seconds, 1),
     }

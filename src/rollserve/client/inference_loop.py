@@ -1,0 +1,365 @@
+"""The robot-side RTC loop, shared by the remote and the local engine.
+
+The control loop calls :meth:`InferenceEngine.act` (or ``update_observation`` + ``get_action``)
+at the robot's rate; a background thread asks a :class:`ChunkSource` for a new chunk whenever the
+queue runs low, sending the not-yet-executed actions as the RTC prefix and the expected delay
+(``ceil(latency / dt)`` over recent round trips), and merges the reply. Only the source differs:
+a websocket to a server, or the policy in-process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from rollserve.client.policy_client import REOPEN_CODES
+from rollserve.rtc.config import RTCConfig
+from rollserve.rtc.latency import LatencyTracker
+from rollserve.rtc.queue import ActionQueue
+from rollserve.wire.messages import ActionChunkMsg, MsgHeader, ObservationMsg
+
+logger = logging.getLogger(__name__)
+
+Fallback = Literal["hold", "repeat", "zero"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Knobs of the loop. ``fallback`` is what ``get_action`` returns when the queue is empty:
+    ``hold`` -> None (send no command, the robot holds), ``repeat`` -> the last action, ``zero`` -> zeros."""
+
+    rtc: RTCConfig = field(default_factory=lambda: RTCConfig(enabled=True, execution_horizon=10))
+    fps: float = 15.0
+    refill_margin: int = 2  # ask for a chunk once the queue holds <= expected delay + this many actions
+    fallback: Fallback = "hold"
+    latency_window: int = 16
+    backoff_initial_s: float = 0.1
+    backoff_max_s: float = 2.0
+    task: str = ""
+    jpeg_quality: int = 0
+
+    def __post_init__(self) -> None:
+        if self.fps <= 0:
+            raise ValueError(f"fps must be > 0, got {self.fps}")
+        if self.fallback not in ("hold", "repeat", "zero"):
+            raise ValueError(f"fallback must be hold, repeat or zero, got {self.fallback!r}")
+
+
+@dataclass
+class ChunkRequest:
+    """What one cycle asks for."""
+
+    observation: Mapping[str, Any]
+    inference_delay: int
+    prefix_model: np.ndarray | None
+    prefix_robot: np.ndarray | None
+    seq_id: int
+    episode_id: int
+    episode_start: bool
+
+    def to_message(self, session_epoch: int, task: str = "", jpeg_quality: int = 0) -> ObservationMsg:
+        obs = self.observation
+        return ObservationMsg(
+            state=None if obs.get("state") is None else np.asarray(obs["state"], dtype=np.float32),
+            images=dict(obs.get("images") or {}),
+            task=obs.get("task") or task,
+            inference_delay_steps=self.inference_delay,
+            prefix_model=self.prefix_model,
+            prefix_robot=self.prefix_robot,
+            episode_start=self.episode_start,
+            jpeg_quality=jpeg_quality,
+            header=MsgHeader(
+                seq_id=self.seq_id, episode_id=self.episode_id, session_epoch=session_epoch,
+                client_mono_ns=time.monotonic_ns(),
+            ),
+        )  # fmt: skip
+
+
+@dataclass
+class SourceInfo:
+    """What the source serves (from the session ack, or the local policy's metadata)."""
+
+    chunk_size: int
+    action_dim: int
+    execution_horizon: int
+    rtc_supported: bool
+
+
+class ChunkSource(Protocol):
+    """Where chunks come from. ``infer`` returns the reply message; connection trouble raises
+    ``ConnectionError`` or ``TimeoutError``; ``epoch`` is the session's current epoch."""
+
+    epoch: int
+
+    def connect(self) -> SourceInfo: ...
+    def infer(self, request: ChunkRequest) -> ActionChunkMsg: ...
+    def reset(self, episode_id: int) -> None: ...
+    def reconnect(self) -> SourceInfo: ...
+    def close(self) -> None: ...
+
+
+@dataclass
+class LoopStats:
+    chunks_merged: int = 0
+    dropped_replies: int = 0
+    starved_steps: int = 0
+    reconnects: int = 0
+    errors: int = 0
+    last_queue_wait_ms: float = 0.0
+    last_inference_ms: float = 0.0
+    last_batch_size: int = 0
+
+
+class InferenceEngine:
+    """Queue + loop + delay estimate over any :class:`ChunkSource`.
+
+    Use it either with the background thread (:meth:`start`, then :meth:`act` from the control loop)
+    or step by step with :meth:`run_cycle` (deterministic; what tests and replays do).
+    """
+
+    def __init__(self, source: ChunkSource, config: EngineConfig | None = None) -> None:
+        self.source = source
+        self.config = config or EngineConfig()
+        self.queue = ActionQueue(self.config.rtc)
+        self.latency = LatencyTracker(self.config.latency_window)
+        self.stats = LoopStats()
+        self.info: SourceInfo | None = None
+        self._horizon = self.config.rtc.execution_horizon
+        self._rtc = self.config.rtc.enabled
+        self._state_lock = threading.Lock()  # episode changes vs merges
+        self._cycle_lock = threading.Lock()  # one request at a time
+        self._cond = threading.Condition()
+        self._observation: Mapping[str, Any] | None = None
+        self._obs_version = 0
+        self._used_version = 0
+        self._episode_id = 0
+        self._episode_start = True
+        self._reset_pending = False
+        self._seq = 0
+        self._last_action: np.ndarray | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def connect(self) -> SourceInfo:
+        """Open the source (for a remote one: connect and open the session)."""
+        self._adopt(self.source.connect())
+        assert self.info is not None
+        return self.info
+
+    def start(self) -> InferenceEngine:
+        """Connect if needed and run the loop in a background thread."""
+        if self.info is None:
+            self.connect()
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="rollserve-inference", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self.source.close()
+
+    def __enter__(self) -> InferenceEngine:
+        if self.info is None:
+            self.connect()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _adopt(self, info: SourceInfo) -> None:
+        """Follow what the server says: its execution horizon, and no RTC if it has none."""
+        self.info = info
+        self._horizon = info.execution_horizon or self.config.rtc.execution_horizon
+        rtc = self.config.rtc.enabled and info.rtc_supported
+        if rtc != self._rtc:
+            self._rtc = rtc
+            self.queue = ActionQueue(RTCConfig(enabled=rtc, execution_horizon=self._horizon))
+
+    # -- the control loop's side --------------------------------------------------------------
+    def update_observation(self, observation: Mapping[str, Any]) -> None:
+        """The latest observation; the loop uses it for its next request."""
+        with self._cond:
+            self._observation = observation
+            self._obs_version += 1
+            self._cond.notify_all()
+
+    def get_action(self) -> np.ndarray | None:
+        """The next action to execute, or the fallback when starved."""
+        action = self.queue.get()
+        with self._cond:
+            self._cond.notify_all()  # the queue shrank: maybe time to refill
+        if action is not None:
+            self._last_action = action
+            return action
+        self.stats.starved_steps += 1
+        if self.config.fallback == "repeat" and self._last_action is not None:
+            return self._last_action.copy()
+        if self.config.fallback == "zero" and self.info is not None:
+            return np.zeros(self.info.action_dim, dtype=np.float32)
+        return None
+
+    def act(self, observation: Mapping[str, Any]) -> np.ndarray | None:
+        """``update_observation`` then ``get_action``: one control step."""
+        self.update_observation(observation)
+        return self.get_action()
+
+    def reset(self) -> None:
+        """Start a new episode: forget queued actions; replies of the old episode are dropped."""
+        with self._state_lock:
+            self.queue.clear()
+            self._episode_id += 1
+            self._episode_start = True
+            self._reset_pending = True
+            self._last_action = None
+
+    @property
+    def episode_id(self) -> int:
+        return self._episode_id
+
+    # -- one request ------------------------------------------------------------------------------
+    def estimated_delay(self) -> int:
+        """Actions that will execute before a chunk asked for now arrives (``ceil(latency / dt)``)."""
+        return self.latency.delay_steps(1.0 / self.config.fps, max_steps=self._horizon)
+
+    def prefixes(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The left-over in model and robot space, cut to the execution horizon (None if nothing is left)."""
+        if not self._rtc:
+            return None, None
+        return self._cut(self.queue.get_left_over()), self._cut(self.queue.get_processed_left_over())
+
+    def _cut(self, left_over: np.ndarray | None) -> np.ndarray | None:
+        if left_over is None or len(left_over) == 0:
+            return None
+        return np.ascontiguousarray(left_over[: self._horizon], dtype=np.float32)
+
+    def run_cycle(self, observation: Mapping[str, Any] | None = None, *, delay: int | None = None) -> bool:
+        """Ask for one chunk and merge it; False when the reply was stale and dropped.
+
+        ``delay`` given: it is both the hint sent and the delay merged with (deterministic).
+        Otherwise the hint is :meth:`estimated_delay` and the merge uses the actions really
+        executed while waiting.
+        """
+        with self._cycle_lock:
+            if observation is None:
+                observation = self._observation
+            if observation is None:
+                raise ValueError("no observation yet")
+            with self._state_lock:
+                reset, self._reset_pending = self._reset_pending, False
+                episode_id = self._episode_id
+                start, self._episode_start = self._episode_start, False
+            if reset:
+                self.source.reset(episode_id)
+            index_before = self.queue.get_action_index()
+            prefix_model, prefix_robot = self.prefixes()
+            self._seq += 1
+            request = ChunkRequest(
+                observation, self.estimated_delay() if delay is None else delay, prefix_model, prefix_robot,
+                self._seq, episode_id, start,
+            )  # fmt: skip
+            started = time.perf_counter()
+            reply = self.source.infer(request)
+            self.latency.record(time.perf_counter() - started)
+            return self._merge(request, reply, index_before, delay)
+
+    def _merge(
+        self, request: ChunkRequest, reply: ActionChunkMsg, index_before: int, delay: int | None
+    ) -> bool:
+        header = reply.header
+        self.stats.last_queue_wait_ms = reply.queue_wait_ms
+        self.stats.last_inference_ms = reply.inference_ms
+        self.stats.last_batch_size = reply.batch_size
+        with self._state_lock:
+            stale = (
+                header.seq_id != request.seq_id
+                or header.episode_id != self._episode_id
+                or header.session_epoch != self.source.epoch
+            )
+            if stale:
+                self.stats.dropped_replies += 1
+                return False
+            real_delay = delay if delay is not None else self.queue.get_action_index() - index_before
+            self.queue.merge(reply.chunk_model, reply.chunk_robot, real_delay, index_before)
+            self.stats.chunks_merged += 1
+        return True
+
+    # -- the background thread ----------------------------------------------------------------
+    def _wants_chunk(self) -> bool:
+        fresh = self._obs_version > self._used_version
+        return fresh and (
+            self._reset_pending or self.queue.qsize() <= self.estimated_delay() + self.config.refill_margin
+        )
+
+    def _loop(self) -> None:
+        backoff = self.config.backoff_initial_s
+        while not self._stop.is_set():
+            with self._cond:
+                if not self._wants_chunk():
+                    self._cond.wait(0.5 / self.config.fps)
+                    continue
+                observation, self._used_version = self._observation, self._obs_version
+            try:
+                self.run_cycle(observation)
+                backoff = self.config.backoff_initial_s
+            except (ConnectionError, TimeoutError) as exc:
+                logger.warning("policy source unavailable (%s); reconnecting", exc)
+                self._recover()
+            except Exception as exc:
+                self.stats.errors += 1
+                if getattr(exc, "code", None) in REOPEN_CODES:
+                    logger.warning("session lost (%s); reopening", exc)
+                    self._recover()
+                else:
+                    logger.warning("inference request failed: %s", exc)
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, self.config.backoff_max_s)
+
+    def _recover(self) -> None:
+        """Reconnect and reopen the session, with exponential backoff, until it works or we stop."""
+        backoff = self.config.backoff_initial_s
+        while not self._stop.is_set():
+            try:
+                self._adopt(self.source.reconnect())
+                self.stats.reconnects += 1
+                return
+            except (ConnectionError, TimeoutError, OSError) as exc:
+                logger.info("reconnect failed (%s); retrying in %.2fs", exc, backoff)
+            except Exception as exc:  # e.g. the session was refused: keep trying, the server may free up
+                logger.warning("reopening the session failed (%s); retrying in %.2fs", exc, backoff)
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, self.config.backoff_max_s)
+
+    # -- stats ------------------------------------------------------------------------------------
+    def latency_stats(self) -> dict[str, float]:
+        """Round-trip percentiles (ms), the delay estimate, and the loop's counters."""
+        p50, p90, p99 = self.latency.percentiles(50, 90, 99)
+        return {
+            "count": self.latency.count,
+            "p50_ms": p50 * 1000.0,
+            "p90_ms": p90 * 1000.0,
+            "p99_ms": p99 * 1000.0,
+            "recent_max_ms": self.latency.recent_max() * 1000.0,
+            "delay_steps": self.estimated_delay(),
+            "chunks_merged": self.stats.chunks_merged,
+            "dropped_replies": self.stats.dropped_replies,
+            "starved_steps": self.stats.starved_steps,
+            "reconnects": self.stats.reconnects,
+            "errors": self.stats.errors,
+            "last_queue_wait_ms": self.stats.last_queue_wait_ms,
+            "last_inference_ms": self.stats.last_inference_ms,
+            "last_batch_size": self.stats.last_batch_size,
+        }

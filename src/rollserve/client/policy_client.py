@@ -1,0 +1,259 @@
+"""PolicyClient: a robot's synchronous connection to a rollserve policy server (session protocol).
+
+Light on purpose: numpy, msgpack and websockets only, so it runs on a robot's small computer.
+Typed server errors raise :class:`ServerError`; a lost connection raises
+:class:`PolicyConnectionError` (the engines reconnect on it).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import websockets.exceptions
+from websockets.sync.client import ClientConnection, connect
+
+from rollserve.wire import (
+    ActionChunkMsg,
+    CloseMsg,
+    ErrorMsg,
+    MsgHeader,
+    ObservationMsg,
+    ResetAck,
+    ResetMsg,
+    SessionAck,
+    SessionOpen,
+    WireError,
+    WireLimits,
+    decode_message,
+    encode_message,
+)
+from rollserve.wire.messages import Message
+
+DEFAULT_URL = "ws://127.0.0.1:8000/v1/policy/ws"
+# Server error codes after which the session must be reopened (see docs/protocol.md).
+REOPEN_CODES = frozenset({"unknown_session", "stale_epoch"})
+# Connect directly (websockets >= 17 asks for legacy=True) and ignore proxy variables (>= 15 honours them).
+_CONNECT_EXTRAS = {
+    name: value
+    for name, value in (("legacy", True), ("proxy", None))
+    if name in inspect.signature(connect).parameters
+}
+
+
+class ServerError(RuntimeError):
+    """A typed error reply from the server."""
+
+    def __init__(self, code: str, message: str, seq_id: int | None = None, retryable: bool = False) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.seq_id = seq_id
+        self.retryable = retryable
+
+
+class SessionRejected(RuntimeError):
+    """The server refused to open a session; ``ack.reason`` says why."""
+
+    def __init__(self, ack: SessionAck) -> None:
+        super().__init__(f"session refused: {ack.reason}")
+        self.ack = ack
+
+
+class PolicyConnectionError(ConnectionError):
+    """No connection, or it broke; reconnecting may help."""
+
+
+class PolicyClient:
+    """One websocket, at most one open session. Not thread-safe: use it from one thread."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        open_timeout: float = 10.0,
+        limits: WireLimits | None = None,
+        client_uuid: str | None = None,
+    ) -> None:
+        self.url = url
+        self.api_key = api_key
+        self.timeout = timeout
+        self.open_timeout = open_timeout
+        self.limits = limits or WireLimits()
+        self.client_uuid = client_uuid or uuid.uuid4().hex
+        self.ack: SessionAck | None = None
+        self.dropped_replies = 0
+        self._ws: ClientConnection | None = None
+        self._next_seq = 0
+
+    # -- connection -------------------------------------------------------------------------------
+    def connect(self) -> PolicyClient:
+        headers = {"Authorization": f"Api-Key {self.api_key}"} if self.api_key else None
+        try:
+            self._ws = connect(
+                self.url, additional_headers=headers, open_timeout=self.open_timeout,
+                max_size=None, compression=None, **_CONNECT_EXTRAS,
+            )  # fmt: skip
+        except websockets.exceptions.InvalidStatus as exc:
+            status = exc.response.status_code
+            hint = " (missing or wrong API key?)" if status in (401, 403) else ""
+            raise PolicyConnectionError(f"{self.url} refused the connection: HTTP {status}{hint}") from None
+        except (OSError, TimeoutError, websockets.exceptions.WebSocketException) as exc:
+            raise PolicyConnectionError(f"cannot connect to {self.url}: {exc}") from exc
+        return self
+
+    @property
+    def connected(self) -> bool:
+        return self._ws is not None
+
+    @property
+    def session_epoch(self) -> int:
+        return self.ack.session_epoch if self.ack else 0
+
+    def close(self) -> None:
+        """Close the session (best effort) and the connection."""
+        if self._ws is None:
+            return
+        try:
+            if self.ack is not None:
+                self._send(CloseMsg(header=MsgHeader(session_epoch=self.session_epoch)))
+        except PolicyConnectionError:
+            pass
+        self._ws.close()
+        self._ws = None
+        self.ack = None
+
+    def __enter__(self) -> PolicyClient:
+        return self if self.connected else self.connect()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- session ----------------------------------------------------------------------------------
+    def open_session(
+        self,
+        *,
+        robot_type: str = "",
+        action_names: Sequence[str] = (),
+        camera_names: Sequence[str] = (),
+        state_dim: int | None = None,
+        fps: float = 15.0,
+        rtc_enabled: bool = True,
+        task: str = "",
+    ) -> SessionAck:
+        """Open (or reopen, bumping the epoch) this client's session; raises :class:`SessionRejected`."""
+        request = SessionOpen(
+            client_uuid=self.client_uuid, robot_type=robot_type, action_names=list(action_names),
+            camera_names=list(camera_names), state_dim=state_dim, fps=fps, rtc_enabled=rtc_enabled, task=task,
+        )  # fmt: skip
+        self._send(request)
+        ack = self._wait_for(lambda msg: isinstance(msg, SessionAck), None)
+        assert isinstance(ack, SessionAck)
+        if not ack.accepted:
+            raise SessionRejected(ack)
+        self.ack = ack
+        return ack
+
+    def reset(self, episode_id: int = 0) -> ResetAck:
+        """New episode on the server (fresh processor state); the session epoch moves on."""
+        seq_id = self._take_seq()
+        self._send(
+            ResetMsg(header=MsgHeader(seq_id=seq_id, episode_id=episode_id, session_epoch=self.session_epoch))
+        )
+        ack = self._wait_for(lambda msg: isinstance(msg, ResetAck) and msg.header.seq_id == seq_id, seq_id)
+        assert isinstance(ack, ResetAck) and self.ack is not None
+        self.ack.session_epoch = ack.session_epoch
+        return ack
+
+    # -- inference --------------------------------------------------------------------------------
+    def infer(self, obs: ObservationMsg, timeout: float | None = None) -> ActionChunkMsg:
+        """Send one observation as given and wait for its chunk (stale replies are skipped)."""
+        seq_id = obs.header.seq_id
+        self.send_observation(obs)
+        reply = self._wait_for(
+            lambda msg: isinstance(msg, ActionChunkMsg) and msg.header.seq_id == seq_id, seq_id, timeout
+        )
+        assert isinstance(reply, ActionChunkMsg)
+        return reply
+
+    def predict(
+        self,
+        state: np.ndarray,
+        images: Mapping[str, np.ndarray] | None = None,
+        *,
+        task: str = "",
+        inference_delay_steps: int = 0,
+        prefix_model: np.ndarray | None = None,
+        prefix_robot: np.ndarray | None = None,
+        episode_id: int = 0,
+        episode_start: bool = False,
+        jpeg_quality: int = 0,
+    ) -> ActionChunkMsg:
+        """The simple call: stamps a fresh header, sends, returns the chunk."""
+        obs = ObservationMsg(
+            state=np.asarray(state, dtype=np.float32), images=dict(images or {}), task=task,
+            inference_delay_steps=inference_delay_steps, prefix_model=prefix_model, prefix_robot=prefix_robot,
+            episode_start=episode_start, jpeg_quality=jpeg_quality, header=self.next_header(episode_id),
+        )  # fmt: skip
+        return self.infer(obs)
+
+    def next_header(self, episode_id: int = 0) -> MsgHeader:
+        return MsgHeader(
+            seq_id=self._take_seq(), episode_id=episode_id, session_epoch=self.session_epoch,
+            client_mono_ns=time.monotonic_ns(),
+        )  # fmt: skip
+
+    def send_observation(self, obs: ObservationMsg) -> None:
+        """Send without waiting (pipelining); pair with :meth:`receive`."""
+        self._send(obs)
+
+    def receive(self, timeout: float | None = None) -> Message:
+        """The next message from the server (an ``ErrorMsg`` is returned, not raised)."""
+        if self._ws is None:
+            raise PolicyConnectionError("not connected")
+        try:
+            data = self._ws.recv(timeout=self.timeout if timeout is None else timeout)
+        except TimeoutError:
+            raise
+        except (OSError, websockets.exceptions.WebSocketException) as exc:
+            raise PolicyConnectionError(f"connection to {self.url} lost: {exc}") from exc
+        if isinstance(data, str):
+            return ErrorMsg(code="malformed_frame", message=data[:500])
+        try:
+            return decode_message(data, self.limits)
+        except WireError as exc:
+            return ErrorMsg(code=exc.code, message=f"undecodable reply: {exc.message}")
+
+    # -- internals --------------------------------------------------------------------------------
+    def _take_seq(self) -> int:
+        self._next_seq += 1
+        return self._next_seq
+
+    def _send(self, msg: Message) -> None:
+        if self._ws is None:
+            raise PolicyConnectionError("not connected")
+        data = encode_message(msg)
+        try:
+            self._ws.send(data)
+        except (OSError, websockets.exceptions.WebSocketException) as exc:
+            raise PolicyConnectionError(f"connection to {self.url} lost: {exc}") from exc
+
+    def _wait_for(self, wanted: Any, seq_id: int | None, timeout: float | None = None) -> Message:
+        """Read until ``wanted(msg)``; an error for ``seq_id`` (or for no request) raises ServerError."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no reply from {self.url} within the timeout")
+            msg = self.receive(remaining)
+            if wanted(msg):
+                return msg
+            if isinstance(msg, ErrorMsg) and (msg.seq_id is None or msg.seq_id == seq_id):
+                raise ServerError(msg.code, msg.message, msg.seq_id, msg.retryable)
+            self.dropped_replies += 1  # a late reply to an older request

@@ -1,0 +1,280 @@
+"""HTTP client for world-model rollout sessions: steps apply exactly once over a flaky network.
+
+A lost reply is the hard case: the server may or may not have committed the step. The client asks
+``status``, then resends the *same* ``step_id``: an uncommitted step runs now, a committed one is
+answered from the server's stored result (``replayed``). Creating a session uses a client-chosen
+id, so a retried create returns the same session. numpy, msgpack and httpx only.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import httpx
+import numpy as np
+
+from rollserve.wire.codec import packb, unpackb
+
+MSGPACK = "application/msgpack"
+RETRY_STATUSES = frozenset({502, 504})
+T = TypeVar("T")
+
+
+class RolloutRequestError(Exception):
+    """The server refused or failed a request; ``code`` is its error code (``inference_error``, ...)."""
+
+    def __init__(
+        self, code: str, message: str, *, status: int | None = None, committed_step_id: int | None = None
+    ) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.status = status
+        self.committed_step_id = committed_step_id
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One committed (or stateless) step as the trainer sees it."""
+
+    step_id: int
+    observation: np.ndarray
+    reward: float
+    terminated: bool
+    committed_step_id: int
+    info: dict[str, Any] = field(default_factory=dict)
+    replayed: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepCall:
+    """One item of :meth:`RolloutClient.batch_step`."""
+
+    session_id: str
+    step_id: int
+    action: Any
+    observation: dict[str, Any] | None = None
+    use_session_context: bool = True
+
+
+def decode_tensor_field(payload: dict[str, Any]) -> np.ndarray:
+    """``next_observation`` (or ``observation``) as a float32 array, from either body encoding."""
+    latent = payload["video_latent"]
+    if isinstance(latent, np.ndarray):
+        return np.array(latent, dtype=np.float32)
+    return np.frombuffer(base64.b64decode(latent), dtype="<f4").reshape(payload["shape"]).copy()
+
+
+def action_body(action: Any) -> dict[str, Any]:
+    """An 8-value DROID action as the API's ``{joint_positions, gripper_position}``."""
+    values = np.asarray(action, dtype=np.float64).reshape(-1)
+    if values.size != 8:
+        raise ValueError(f"a DROID action has 8 values (7 joints + gripper), got {values.size}")
+    return {"joint_positions": values[:7].tolist(), "gripper_position": float(values[7])}
+
+
+class RolloutClient:
+    """Rollout sessions on a rollserve (or vLLM-Omni P0) server.
+
+    Transport failures (connection errors, timeouts, 502/504) are retried with backoff, at most
+    ``max_retries`` times; server refusals raise :class:`RolloutRequestError` at once.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 30.0,
+        max_retries: int = 8,
+        backoff_s: float = 0.02,
+        max_backoff_s: float = 1.0,
+        use_msgpack: bool = True,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=base_url, timeout=timeout_s, headers=headers, transport=transport)
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.use_msgpack = use_msgpack
+        self.retries = 0  # transport failures survived, for tests and logs
+
+    # -- discovery ---------------------------------------------------------------------------------
+    def models(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/models")["data"]
+
+    def world(self, model: str | None = None) -> dict[str, Any]:
+        """The ``/v1/models`` entry of a served world (the first one when ``model`` is None)."""
+        worlds = [m for m in self.models() if m.get("kind") == "world"]
+        for entry in worlds:
+            if model is None or entry["id"] == model:
+                return entry
+        raise RolloutRequestError("model_not_found", f"the server serves no world {model or ''!r}".strip())
+
+    # -- sessions --------------------------------------------------------------------------------------
+    def create_session(
+        self, model: str, *, seed: int | None = None, session_id: str | None = None
+    ) -> tuple[str, np.ndarray]:
+        """A new session and its initial observation (the id is chosen here, so retrying is safe)."""
+        body = {"model": model, "seed": seed, "session_id": session_id or uuid.uuid4().hex}
+        reply = self._call("POST", "/v1/realtime/sessions", body)
+        return reply["session_id"], decode_tensor_field(reply["observation"])
+
+    def reset(self, session_id: str, *, seed: int | None = None) -> np.ndarray:
+        reply = self._call("POST", f"/v1/realtime/sessions/{session_id}/reset", {"seed": seed})
+        return decode_tensor_field(reply["observation"])
+
+    def fork(self, session_id: str, *, new_session_id: str | None = None) -> str:
+        body = {"session_id": new_session_id or uuid.uuid4().hex}
+        return self._call("POST", f"/v1/realtime/sessions/{session_id}/fork", body)["session_id"]
+
+    def status(self, session_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/realtime/sessions/{session_id}/status")
+
+    def close_session(self, session_id: str) -> None:
+        self._call("POST", f"/v1/realtime/sessions/{session_id}/close")
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> RolloutClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- steps ------------------------------------------------------------------------------------------
+    def step(
+        self,
+        session_id: str,
+        step_id: int,
+        action: Any,
+        *,
+        observation: dict[str, Any] | None = None,
+        use_session_context: bool = True,
+    ) -> StepResult:
+        """Apply ``action`` as step ``step_id``, exactly once however often the network drops it."""
+        call = StepCall(session_id, step_id, action, observation, use_session_context)
+        body = _step_body(call)
+        path = f"/v1/realtime/sessions/{session_id}/step"
+        for attempt in range(self.max_retries + 1):
+            try:
+                return _step_result(*self._send("POST", path, body))
+            except httpx.TransportError:
+                if attempt == self.max_retries:
+                    raise
+                self._pause(attempt)
+                if use_session_context:
+                    self._check_still_retryable(session_id, step_id)
+        raise AssertionError("unreachable")
+
+    def batch_step(self, calls: Sequence[StepCall]) -> list[StepResult | RolloutRequestError]:
+        """Many sessions' steps in one request; resending it is safe (committed items replay)."""
+        body = {"items": [{"session_id": c.session_id, **_step_body(c)} for c in calls]}
+        reply = self._call("POST", "/v1/realtime/batch_step", body)
+        out: list[StepResult | RolloutRequestError] = []
+        for item in reply["results"]:
+            try:
+                out.append(_step_result(None, item))
+            except RolloutRequestError as exc:
+                out.append(exc)
+        return out
+
+    # -- plumbing ----------------------------------------------------------------------------------------
+    def _check_still_retryable(self, session_id: str, step_id: int) -> None:
+        """After a lost reply: the step is either committed (the resend replays it) or not yet (it runs)."""
+        committed = self._retrying(lambda: self.status(session_id))["committed_step_id"]
+        if committed not in (step_id - 1, step_id):
+            raise RolloutRequestError(
+                "step_conflict",
+                f"step {step_id} cannot be retried: the session is at committed_step_id {committed}",
+                committed_step_id=committed,
+            )
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        status, payload = self._retrying(lambda: self._send(method, path, body))
+        if status >= 400:
+            raise _error(status, payload)
+        return payload
+
+    def _retrying(self, attempt: Callable[[], T]) -> T:
+        for i in range(self.max_retries + 1):
+            try:
+                return attempt()
+            except httpx.TransportError:
+                if i == self.max_retries:
+                    raise
+                self._pause(i)
+        raise AssertionError("unreachable")
+
+    def _send(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, dict[str, Any]]:
+        """One HTTP exchange; a 502/504 from a proxy counts as a transport failure."""
+        headers = {"accept": MSGPACK if self.use_msgpack else "application/json"}
+        content = None
+        if body is not None:
+            if self.use_msgpack:
+                content, headers["content-type"] = packb(body), MSGPACK
+            else:
+                content, headers["content-type"] = json.dumps(body).encode(), "application/json"
+        resp = self._http.request(method, path, content=content, headers=headers)
+        if resp.status_code in RETRY_STATUSES:
+            raise httpx.RemoteProtocolError(f"upstream answered {resp.status_code}", request=resp.request)
+        if resp.headers.get("content-type", "").startswith(MSGPACK):
+            payload = unpackb(resp.content)
+        else:
+            try:
+                payload = resp.json()
+            except ValueError:
+                payload = {"error": {"code": "http_error", "message": resp.text[:200]}}
+        return resp.status_code, payload
+
+    def _pause(self, attempt: int) -> None:
+        self.retries += 1
+        time.sleep(min(self.max_backoff_s, self.backoff_s * 2**attempt))
+
+
+def _step_body(call: StepCall) -> dict[str, Any]:
+    return {
+        "step_id": call.step_id,
+        "observation": call.observation or {},
+        "action": action_body(call.action),
+        "use_session_context": call.use_session_context,
+    }
+
+
+def _step_result(status: int | None, payload: dict[str, Any]) -> StepResult:
+    """A success, or the replay of a committed step; any other answer raises."""
+    error = payload.get("error")
+    if error is not None and not payload.get("replayed"):
+        raise _error(status, payload)
+    nxt = payload["next_observation"]
+    meta = payload["model_metadata"]
+    return StepResult(
+        step_id=payload["step_id"],
+        observation=decode_tensor_field(nxt),
+        reward=float(nxt.get("reward", 0.0)),
+        terminated=bool(nxt.get("terminated", False)),
+        committed_step_id=meta["committed_step_id"],
+        info=nxt.get("info") or {},
+        replayed=bool(payload.get("replayed")),
+        metadata=meta,
+    )
+
+
+def _error(status: int | None, payload: dict[str, Any]) -> RolloutRequestError:
+    error = payload.get("error") or {}
+    committed = error.get("committed_step_id")
+    return RolloutRequestError(
+        str(error.get("code", "http_error")),
+        str(error.get("message", f"HTTP {status}")),
+        status=status,
+        committed_step_id=committed,
+    )

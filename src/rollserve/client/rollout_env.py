@@ -1,0 +1,193 @@
+"""Gymnasium environments over a served world: ``RolloutEnv`` (one session) and ``RolloutVectorEnv``
+(many sessions stepped with one ``batch_step`` request). The same code drives the simulator world
+and a learned world; only the server behind the URL changes. Needs the ``gym`` extra.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from rollserve.client.rollout_client import RolloutClient, RolloutRequestError, StepCall, StepResult
+
+
+def spaces_of(entry: dict[str, Any]) -> tuple[spaces.Box, spaces.Box]:
+    """Observation and action spaces from a world's ``/v1/models`` entry."""
+    return _box(entry["observation"]), _box(entry["action"])
+
+
+def _box(layout: dict[str, Any]) -> spaces.Box:
+    shape = tuple(layout["shape"])
+    low = np.broadcast_to(np.asarray(layout.get("low", -np.inf), dtype=np.float32), shape)
+    high = np.broadcast_to(np.asarray(layout.get("high", np.inf), dtype=np.float32), shape)
+    return spaces.Box(low.copy(), high.copy(), dtype=np.float32)
+
+
+class _Session:
+    """One remote session as an episode: its id, the next step id and the steps taken."""
+
+    def __init__(self, client: RolloutClient, model: str) -> None:
+        self.client, self.model = client, model
+        self.session_id: str | None = None
+        self.next_step = 0
+        self.elapsed = 0
+
+    def reset(self, seed: int | None) -> np.ndarray:
+        if self.session_id is None:
+            self.session_id, obs = self.client.create_session(self.model, seed=seed)
+        else:
+            obs = self.client.reset(self.session_id, seed=seed)
+        self.next_step, self.elapsed = 0, 0
+        return obs
+
+    def call(self, action: np.ndarray) -> StepCall:
+        assert self.session_id is not None, "reset() before step()"
+        return StepCall(self.session_id, self.next_step, action)
+
+    def advance(self) -> None:
+        self.next_step += 1
+        self.elapsed += 1
+
+    def close(self) -> None:
+        if self.session_id is not None:
+            self.client.close_session(self.session_id)
+            self.session_id = None
+
+
+class RolloutEnv(gym.Env[np.ndarray, np.ndarray]):
+    """One rollout session as a gymnasium env. ``reset(seed=s)`` is reproducible; an episode is
+    truncated after ``max_episode_steps`` (the world's own horizon by default)."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        client: RolloutClient | None = None,
+        model: str | None = None,
+        max_episode_steps: int | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        if client is None and base_url is None:
+            raise ValueError("give base_url or client")
+        self._owns_client = client is None
+        self.client = client or RolloutClient(base_url, api_key=api_key)  # type: ignore[arg-type]
+        entry = self.client.world(model)
+        self.model = entry["id"]
+        self.observation_space, self.action_space = spaces_of(entry)
+        self.max_episode_steps = max_episode_steps or int(entry.get("max_episode_steps", 200))
+        self._session = _Session(self.client, self.model)
+
+    @property
+    def session_id(self) -> str | None:
+        return self._session.session_id
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        if seed is None and self._session.session_id is None:
+            seed = int(self.np_random.integers(2**31))
+        return self._session.reset(seed), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        result = self.client.step(*_call_args(self._session.call(np.asarray(action, dtype=np.float32))))
+        self._session.advance()
+        truncated = self._session.elapsed >= self.max_episode_steps and not result.terminated
+        return result.observation, result.reward, result.terminated, truncated, dict(result.info)
+
+    def close(self) -> None:
+        try:
+            self._session.close()
+        finally:
+            if self._owns_client:
+                self.client.close()
+        super().close()
+
+
+class RolloutVectorEnv(VectorEnv):
+    """``num_envs`` sessions of one world, stepped together in one ``batch_step`` request (one batched
+    model call on the server). Finished sub-envs reset on the following ``step`` (next-step autoreset)."""
+
+    metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def __init__(
+        self,
+        num_envs: int,
+        base_url: str | None = None,
+        *,
+        client: RolloutClient | None = None,
+        model: str | None = None,
+        max_episode_steps: int | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        if client is None and base_url is None:
+            raise ValueError("give base_url or client")
+        self._owns_client = client is None
+        self.client = client or RolloutClient(base_url, api_key=api_key)  # type: ignore[arg-type]
+        entry = self.client.world(model)
+        self.num_envs = num_envs
+        self.single_observation_space, self.single_action_space = spaces_of(entry)
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self.max_episode_steps = max_episode_steps or int(entry.get("max_episode_steps", 200))
+        self._sessions = [_Session(self.client, entry["id"]) for _ in range(num_envs)]
+        self._needs_reset = np.zeros(num_envs, dtype=bool)
+
+    def reset(
+        self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed if isinstance(seed, int) else None)
+        if seed is None:
+            seeds: list[int | None] = [None] * self.num_envs
+        elif isinstance(seed, int):
+            seeds = [seed + i for i in range(self.num_envs)]
+        else:
+            seeds = list(seed)
+        obs = np.stack([s.reset(sd) for s, sd in zip(self._sessions, seeds, strict=True)])
+        self._needs_reset[:] = False
+        return obs, {}
+
+    def step(
+        self, actions: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        actions = np.asarray(actions, dtype=np.float32)
+        n = self.num_envs
+        obs = np.zeros((n, *self.single_observation_space.shape), dtype=np.float32)
+        rewards, terminated, truncated = np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+        stepping = [i for i in range(n) if not self._needs_reset[i]]
+        for i in range(n):
+            if self._needs_reset[i]:
+                obs[i] = self._sessions[i].reset(None)
+        results = (
+            self.client.batch_step([self._sessions[i].call(actions[i]) for i in stepping]) if stepping else []
+        )
+        for i, result in zip(stepping, results, strict=True):
+            if isinstance(result, RolloutRequestError):
+                raise result
+            self._sessions[i].advance()
+            obs[i], rewards[i], terminated[i] = result.observation, result.reward, result.terminated
+            truncated[i] = self._sessions[i].elapsed >= self.max_episode_steps and not result.terminated
+        self._needs_reset = terminated | truncated
+        return obs, rewards, terminated, truncated, {}
+
+    def close_extras(self, **kwargs: Any) -> None:
+        try:
+            for session in self._sessions:
+                session.close()
+        finally:
+            if self._owns_client:
+                self.client.close()
+
+
+def _call_args(call: StepCall) -> tuple[str, int, Any]:
+    return call.session_id, call.step_id, call.action
+
+
+__all__ = ["RolloutEnv", "RolloutVectorEnv", "StepResult", "spaces_of"]

@@ -1,0 +1,72 @@
+"""Load a user's policy from a spec string ``module.path:factory``, with errors that say what to fix."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from rollserve.models.policy import Policy, PolicyMetadata
+
+
+class PolicyLoadError(ValueError):
+    """The spec does not name a loadable policy; the message says why."""
+
+
+def _import_module(module_path: str, spec: str) -> Any:
+    try:
+        return importlib.import_module(module_path)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_path == exc.name or module_path.startswith(exc.name + ".")):
+            raise PolicyLoadError(f"policy spec {spec!r}: no module named {module_path!r}") from None
+        raise PolicyLoadError(
+            f"policy spec {spec!r}: module {module_path!r} needs {exc.name!r}, which is not installed"
+        ) from exc
+    except Exception as exc:
+        raise PolicyLoadError(
+            f"policy spec {spec!r}: importing {module_path!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def load_policy(spec: str, **kwargs: Any) -> Policy:
+    """Import ``module.path`` and call ``factory(**kwargs)``; the result must be a :class:`Policy`.
+
+    ``factory`` may also name a ready policy object (then ``kwargs`` must be empty).
+    """
+    module_path, sep, attr = spec.partition(":")
+    if not sep or not module_path or not attr or ":" in attr:
+        raise PolicyLoadError(f"policy spec {spec!r} must look like 'package.module:factory'")
+    module = _import_module(module_path, spec)
+    target: Any = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise PolicyLoadError(f"policy spec {spec!r}: {module_path!r} has no attribute {attr!r}")
+        target = getattr(target, part)
+    if isinstance(getattr(target, "metadata", None), PolicyMetadata) and not isinstance(target, type):
+        if kwargs:
+            raise PolicyLoadError(f"policy spec {spec!r} names a policy object; it takes no arguments")
+        policy = target
+    elif callable(target):
+        try:
+            policy = target(**kwargs)
+        except TypeError as exc:
+            raise PolicyLoadError(f"policy spec {spec!r}: calling {attr}() failed: {exc}") from exc
+    else:
+        raise PolicyLoadError(f"policy spec {spec!r}: {attr!r} is neither a factory nor a policy")
+    _check_policy(policy, spec)
+    return policy
+
+
+def _check_policy(policy: Any, spec: str) -> None:
+    if not isinstance(getattr(policy, "metadata", None), PolicyMetadata):
+        raise PolicyLoadError(
+            f"policy spec {spec!r} returned {type(policy).__name__}, which has no PolicyMetadata 'metadata'"
+        )
+    if not callable(getattr(policy, "predict_action_chunk", None)):
+        raise PolicyLoadError(
+            f"policy spec {spec!r} returned {type(policy).__name__} without predict_action_chunk()"
+        )
+    meta = policy.metadata
+    if meta.chunk_size < 1 or meta.action_dim < 1:
+        raise PolicyLoadError(f"policy spec {spec!r}: metadata needs chunk_size >= 1 and action names")
+    if meta.supports_batching and not callable(getattr(policy, "predict_action_chunks", None)):
+        raise PolicyLoadError(f"policy spec {spec!r} declares batching but has no predict_action_chunks()")

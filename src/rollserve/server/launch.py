@@ -1,0 +1,160 @@
+"""`rollserve serve`: load a policy and/or a world, build the app, and serve it with uvicorn.
+
+Prints one line once the server accepts connections, with the real address (also for ``--port 0``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from rollserve.server.openpi_layouts import AUTO, LAYOUT_NAMES
+from rollserve.server.settings import ServerSettings
+from rollserve.wire.limits import WireLimits
+
+logger = logging.getLogger("rollserve.serve")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policy", metavar="SPEC", help="policy factory 'module.path:factory'")
+    parser.add_argument(
+        "--policy-arg", metavar="KEY=VALUE", action="append", default=[],
+        help="keyword argument for the policy factory (VALUE parsed as JSON when it can be); repeatable",
+    )  # fmt: skip
+    parser.add_argument(
+        "--world", metavar="sim|learned|SPEC", help="also serve a world model for RL rollouts"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
+    parser.add_argument(
+        "--api-key", default=os.environ.get("ROLLSERVE_API_KEY"),
+        help="require this key on every route but /healthz (default: $ROLLSERVE_API_KEY)",
+    )  # fmt: skip
+    parser.add_argument("--max-batch", type=int, default=8, help="most requests per model call")
+    parser.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits to fill up")
+    parser.add_argument("--max-sessions", type=int, default=64, help="most concurrent policy sessions")
+    parser.add_argument(
+        "--rtc-horizon", type=int, default=None, help="RTC execution horizon (default: the policy's)"
+    )
+    parser.add_argument(
+        "--openpi-layout", choices=(AUTO, *LAYOUT_NAMES), default=AUTO,
+        help="observation keys openpi clients send (default: detect per request)",
+    )  # fmt: skip
+    parser.add_argument("--max-frame-mb", type=float, default=64.0, help="largest accepted frame, in MiB")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
+def parse_policy_args(items: list[str]) -> dict[str, Any]:
+    """``["latency_s=0.05", "name=x"]`` -> ``{"latency_s": 0.05, "name": "x"}``."""
+    kwargs: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"--policy-arg must look like KEY=VALUE, got {item!r}")
+        try:
+            kwargs[key] = json.loads(value)
+        except json.JSONDecodeError:
+            kwargs[key] = value
+    return kwargs
+
+
+def _load_rollout(world_spec: str, settings: ServerSettings) -> Any:
+    try:
+        worlds = importlib.import_module("rollserve.models.worlds")
+        service_module = importlib.import_module("rollserve.server.rollout_service")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("rollserve"):
+            raise ValueError("world serving is not available in this build of rollserve") from exc
+        raise
+    return service_module.RolloutService(worlds.load_world(world_spec), settings)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    return socket.create_server((host, port), family=family)
+
+
+def _announce_when_started(server: Any, line: str) -> None:
+    def wait() -> None:
+        while not server.started and not server.should_exit:
+            time.sleep(0.02)
+        if server.started:
+            print(line, flush=True)
+
+    threading.Thread(target=wait, name="rollserve-announce", daemon=True).start()
+
+
+def _describe(policy: Any, rollout: Any, settings: ServerSettings, url: str) -> str:
+    parts = [f"rollserve serving on {url}"]
+    if policy is not None:
+        meta = policy.metadata
+        parts.append(
+            f"policy {meta.name!r} (chunk {meta.chunk_size} x {meta.action_dim}, rtc horizon "
+            f"{policy.server.execution_horizon}, batch <= {policy.worker.max_batch_size}) "
+            f"at ws {url.replace('http', 'ws', 1)}/v1/policy/ws and openpi ws {url.replace('http', 'ws', 1)}/"
+        )
+    if rollout is not None:
+        parts.append("rollouts at /v1/realtime/sessions")
+    parts.append("api key required" if settings.api_key else "no api key")
+    return " | ".join(parts)
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if not args.policy and not args.world:
+        print("rollserve serve: error: give --policy SPEC and/or --world sim|learned|SPEC", file=sys.stderr)
+        return 2
+    settings = ServerSettings(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or None,
+        max_batch_size=args.max_batch,
+        max_batch_wait_ms=args.max_wait_ms,
+        max_policy_sessions=args.max_sessions,
+        limits=WireLimits(max_frame_bytes=int(args.max_frame_mb * 1024 * 1024)),
+    )
+    try:
+        sock = _bind(args.host, args.port)
+    except OSError as exc:
+        print(f"rollserve serve: error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    policy = rollout = None
+    try:
+        if args.policy:
+            from rollserve.server.policy_service import PolicyService
+
+            policy = PolicyService.from_spec(
+                args.policy, settings, policy_kwargs=parse_policy_args(args.policy_arg),
+                execution_horizon=args.rtc_horizon, openpi_layout=args.openpi_layout,
+            )  # fmt: skip
+        if args.world:
+            rollout = _load_rollout(args.world, settings)
+    except ValueError as exc:  # PolicyLoadError and bad arguments: a clear message, no traceback
+        print(f"rollserve serve: error: {exc}", file=sys.stderr)
+        sock.close()
+        if policy is not None:
+            policy.close()
+        return 2
+
+    import uvicorn
+
+    from rollserve.server.app import create_app
+    from rollserve.server.running import uvicorn_config
+
+    app = create_app(settings, policy=policy, rollout=rollout)
+    host, port = sock.getsockname()[:2]
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    server = uvicorn.Server(uvicorn_config(app, host, port, log_level=args.log_level))
+    _announce_when_started(server, _describe(policy, rollout, settings, url))
+    server.run(sockets=[sock])
+    return 0

@@ -1,0 +1,152 @@
+"""Built-in input mappings from openpi robots' observation dicts to rollserve's observation.
+
+openpi clients send their own key layouts; each mapping turns one into ``{"state": float32 (S,),
+"images": {camera: uint8 HWC}, "task": str}``. A layout is chosen by name or detected from the keys.
+Pure data reshuffling: no model work happens here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+LAYOUT_NAMES = ("droid", "aloha", "libero")
+AUTO = "auto"
+
+# openpi key -> camera name, in the order used when the policy's cameras have other names.
+DROID_IMAGES = {
+    "observation/exterior_image_1_left": "exterior_image_1_left",
+    "observation/wrist_image_left": "wrist_image_left",
+}
+DROID_STATE = ("observation/joint_position", "observation/gripper_position")
+LIBERO_IMAGES = {"observation/image": "image", "observation/wrist_image": "wrist_image"}
+LIBERO_STATE = ("observation/state",)
+
+
+class LayoutError(ValueError):
+    """The observation does not fit the layout (or none could be detected); safe to send to clients."""
+
+
+def _state(obs: Mapping[str, Any], keys: Sequence[str]) -> np.ndarray:
+    parts = []
+    for key in keys:
+        if key not in obs:
+            raise LayoutError(f"missing state key {key!r}")
+        value = np.asarray(obs[key])
+        if value.dtype.kind not in "biuf":
+            raise LayoutError(f"{key!r} must be numeric, got dtype {value.dtype}")
+        parts.append(value.astype(np.float32).ravel())
+    return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+
+def _image(value: Any, key: str) -> np.ndarray:
+    """uint8 HWC RGB; openpi's ALOHA sends CHW, which is transposed."""
+    image = np.asarray(value)
+    if image.dtype != np.uint8 or image.ndim != 3:
+        raise LayoutError(f"image {key!r} must be uint8 HxWx3 (or 3xHxW), got {image.dtype} {image.shape}")
+    if image.shape[2] != 3 and image.shape[0] == 3:
+        image = np.ascontiguousarray(image.transpose(1, 2, 0))
+    if image.shape[2] != 3:
+        raise LayoutError(f"image {key!r} must have 3 channels, got shape {image.shape}")
+    return image
+
+
+def _task(obs: Mapping[str, Any]) -> str:
+    task = obs.get("prompt", obs.get("task", ""))
+    if isinstance(task, bytes):
+        task = task.decode("utf-8", "replace")
+    if not isinstance(task, str):
+        raise LayoutError(f"prompt must be a string, got {type(task).__name__}")
+    return task
+
+
+def _flat_images(obs: Mapping[str, Any], keys: Mapping[str, str]) -> dict[str, np.ndarray]:
+    return {camera: _image(obs[key], key) for key, camera in keys.items() if key in obs}
+
+
+def droid(obs: Mapping[str, Any]) -> dict[str, Any]:
+    """DROID: joint_position (7) + gripper_position (1) -> 8-D state; exterior and wrist cameras."""
+    return {"state": _state(obs, DROID_STATE), "images": _flat_images(obs, DROID_IMAGES), "task": _task(obs)}
+
+
+def libero(obs: Mapping[str, Any]) -> dict[str, Any]:
+    """LIBERO: observation/state (8); agent-view and wrist cameras."""
+    return {
+        "state": _state(obs, LIBERO_STATE),
+        "images": _flat_images(obs, LIBERO_IMAGES),
+        "task": _task(obs),
+    }
+
+
+def aloha(obs: Mapping[str, Any]) -> dict[str, Any]:
+    """ALOHA (and rollserve's own dict form): ``state``, ``images{cam_*}`` (CHW or HWC), ``prompt``."""
+    images = obs.get("images") or {}
+    if not isinstance(images, Mapping):
+        raise LayoutError("'images' must be a map of camera name to image")
+    return {
+        "state": _state(obs, ("state",)),
+        "images": {str(cam): _image(image, f"images/{cam}") for cam, image in images.items()},
+        "task": _task(obs),
+    }
+
+
+LAYOUTS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
+    "droid": droid,
+    "aloha": aloha,
+    "libero": libero,
+}
+_STATE_KEYS = {"droid": DROID_STATE, "aloha": ("state",), "libero": LIBERO_STATE}
+_IMAGE_KEYS = {"droid": tuple(DROID_IMAGES), "aloha": ("images/<camera>",), "libero": tuple(LIBERO_IMAGES)}
+
+
+def detect_layout(obs: Mapping[str, Any]) -> str:
+    """The layout whose state keys the observation carries."""
+    if "observation/joint_position" in obs:
+        return "droid"
+    if "observation/state" in obs:
+        return "libero"
+    if "state" in obs:
+        return "aloha"
+    keys = sorted(str(key) for key in obs)[:12]
+    raise LayoutError(
+        f"cannot tell the observation layout from keys {keys}; start the server with --openpi-layout"
+    )
+
+
+def match_cameras(images: dict[str, np.ndarray], expected: Sequence[str]) -> dict[str, np.ndarray]:
+    """Name the images as the policy does: by name when they match, else in the layout's order."""
+    if not expected or all(cam in images for cam in expected):
+        return images
+    if len(images) < len(expected):
+        raise LayoutError(
+            f"policy needs {len(expected)} camera image(s) {list(expected)}, got {sorted(images)}"
+        )
+    return dict(zip(expected, images.values(), strict=False))
+
+
+def to_observation(
+    obs: Any, layout: str = AUTO, camera_names: Sequence[str] = ()
+) -> tuple[dict[str, Any], str]:
+    """``(rollserve observation, layout used)`` for one openpi request."""
+    if not isinstance(obs, Mapping):
+        raise LayoutError(f"an observation must be a map, got {type(obs).__name__}")
+    name = detect_layout(obs) if layout == AUTO else layout
+    if name not in LAYOUTS:
+        raise LayoutError(f"unknown layout {name!r}; choose one of {(AUTO, *LAYOUT_NAMES)}")
+    observation = LAYOUTS[name](obs)
+    observation["images"] = match_cameras(observation["images"], camera_names)
+    return observation, name
+
+
+def describe_layout(layout: str) -> dict[str, Any]:
+    """For the metadata sent on connect: which keys the server reads."""
+    if layout == AUTO:
+        return {"layout": AUTO, "detects": list(LAYOUT_NAMES)}
+    return {
+        "layout": layout,
+        "state_keys": list(_STATE_KEYS[layout]),
+        "image_keys": list(_IMAGE_KEYS[layout]),
+        "prompt_key": "prompt",
+    }

@@ -1,0 +1,266 @@
+"""Policy transports: the session-protocol websocket (``/v1/policy/ws``) and the openpi one (``/``).
+
+Transport only: decode a frame, hand it to :class:`PolicyService`, encode the reply. Inference runs
+in the service's engine thread; each observation is awaited in its own task, so a connection keeps
+reading (a newer observation can supersede a waiting one) and every other connection keeps being
+served. Every rejection is a typed reply; tracebacks stay in the server log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, WebSocket
+
+from rollserve.engine.batcher import Superseded
+from rollserve.server.metrics import METRICS
+from rollserve.server.openpi_layouts import LayoutError, describe_layout, to_observation
+from rollserve.server.policy_errors import INFERENCE_ERROR, UNEXPECTED_MESSAGE, UNKNOWN_SESSION, PolicyError
+from rollserve.server.policy_service import PolicyService
+from rollserve.server.policy_sessions import PolicySession
+from rollserve.server.settings import ServerSettings
+from rollserve.wire import (
+    ActionChunkMsg,
+    CloseAck,
+    CloseMsg,
+    ErrorMsg,
+    MsgHeader,
+    ObservationMsg,
+    ResetAck,
+    ResetMsg,
+    SessionOpen,
+    WireError,
+    WireLimits,
+    decode_message,
+    encode_message,
+    packb,
+    unpackb,
+)
+from rollserve.wire.errors import MALFORMED_FRAME
+
+logger = logging.getLogger(__name__)
+
+SESSION_PATH = "/v1/policy/ws"
+OPENPI_PATH = "/"
+_OFFLOAD_BYTES = 1 << 20  # frames larger than this are decoded off the event loop
+_DISCONNECT = "websocket.disconnect"
+
+
+def add_policy_routes(app: FastAPI, service: PolicyService, settings: ServerSettings) -> None:
+    """Mount both policy websockets on ``app``."""
+
+    @app.websocket(SESSION_PATH)
+    async def policy_session_ws(websocket: WebSocket) -> None:
+        await _SessionSocket(websocket, service, settings.limits).run()
+
+    @app.websocket(OPENPI_PATH)
+    async def openpi_ws(websocket: WebSocket) -> None:
+        await _OpenpiSocket(websocket, service, settings.limits).run()
+
+
+def _observe_timings(reply: ActionChunkMsg) -> None:
+    METRICS.queue_wait.labels(kind="policy").observe(reply.queue_wait_ms / 1000.0)
+    METRICS.inference.labels(kind="policy").observe(reply.inference_ms / 1000.0)
+    METRICS.batch_size.labels(kind="policy").observe(reply.batch_size)
+
+
+class _SessionSocket:
+    """One session-protocol connection; holds at most one session at a time."""
+
+    route = "policy_ws"
+
+    def __init__(self, websocket: WebSocket, service: PolicyService, limits: WireLimits) -> None:
+        self.ws = websocket
+        self.service = service
+        self.limits = limits
+        self.session: PolicySession | None = None
+        self._send_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        await self.ws.accept()
+        try:
+            while (message := await self.ws.receive())["type"] != _DISCONNECT:
+                await self._on_frame(message)
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            self._drop_session()
+
+    async def _on_frame(self, message: dict[str, Any]) -> None:
+        data = message.get("bytes")
+        if data is None:
+            await self._error(
+                MALFORMED_FRAME, "send binary msgpack frames; text frames are not part of the protocol"
+            )
+            return
+        try:
+            if len(data) > _OFFLOAD_BYTES:
+                msg = await asyncio.to_thread(decode_message, data, self.limits)
+            else:
+                msg = decode_message(data, self.limits)
+        except WireError as exc:
+            await self._error(exc.code, exc.message)
+            return
+        if isinstance(msg, ObservationMsg):
+            self._spawn(self._observe(msg))
+        elif isinstance(msg, SessionOpen):
+            await self._open(msg)
+        elif isinstance(msg, ResetMsg):
+            await self._reset(msg)
+        elif isinstance(msg, CloseMsg):
+            self._drop_session()
+            await self._send(encode_message(CloseAck(header=msg.header)))
+        else:
+            await self._error(UNEXPECTED_MESSAGE, f"clients do not send {msg.TYPE!r} messages")
+
+    async def _open(self, msg: SessionOpen) -> None:
+        self._drop_session()
+        ack, self.session = self.service.open_session(msg)
+        METRICS.active_sessions.labels(kind="policy").set(len(self.service.sessions))
+        await self._send(encode_message(ack))
+
+    async def _reset(self, msg: ResetMsg) -> None:
+        if self.session is None:
+            await self._error(UNKNOWN_SESSION, "open a session before resetting it", msg.header.seq_id)
+            return
+        try:
+            epoch = self.service.reset_session(self.session)
+        except PolicyError as exc:
+            await self._error(exc.code, exc.message, msg.header.seq_id)
+            return
+        await self._send(encode_message(ResetAck(header=msg.header, session_epoch=epoch)))
+
+    async def _observe(self, msg: ObservationMsg) -> None:
+        seq_id = msg.header.seq_id
+        METRICS.requests.labels(route=self.route).inc()
+        if self.session is None:
+            await self._error(UNKNOWN_SESSION, "open a session before sending observations", seq_id)
+            return
+        try:
+            reply = await self.service.infer(self.session, msg.header, msg)
+        except Superseded:
+            return  # reported in the session's next chunk (superseded_seq_ids)
+        except (PolicyError, WireError) as exc:
+            await self._error(exc.code, exc.message, seq_id, getattr(exc, "retryable", False))
+            return
+        except Exception:
+            logger.exception("policy request %s failed", seq_id)
+            await self._error(INFERENCE_ERROR, "internal server error", seq_id)
+            return
+        _observe_timings(reply)
+        await self._send(encode_message(reply))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _drop_session(self) -> None:
+        if self.session is not None:
+            self.service.close_session(self.session)
+            self.session = None
+            METRICS.active_sessions.labels(kind="policy").set(len(self.service.sessions))
+
+    async def _error(
+        self, code: str, message: str, seq_id: int | None = None, retryable: bool = False
+    ) -> None:
+        METRICS.errors.labels(route=self.route, code=code).inc()
+        await self._send(
+            encode_message(ErrorMsg(code=code, message=message, seq_id=seq_id, retryable=retryable))
+        )
+
+    async def _send(self, data: bytes) -> None:
+        async with self._send_lock:
+            try:
+                await self.ws.send_bytes(data)
+            except Exception:  # the client went away; the receive loop will see the disconnect
+                logger.debug("could not send to a closed policy websocket", exc_info=True)
+
+
+class _OpenpiSocket:
+    """openpi's protocol: metadata on connect, then lockstep request/reply; errors as text frames."""
+
+    route = "openpi"
+
+    def __init__(self, websocket: WebSocket, service: PolicyService, limits: WireLimits) -> None:
+        self.ws = websocket
+        self.service = service
+        self.limits = limits
+
+    async def run(self) -> None:
+        await self.ws.accept()
+        request = SessionOpen(
+            client_uuid=f"openpi-{uuid.uuid4().hex}", robot_type="openpi", rtc_enabled=False
+        )
+        ack, session = self.service.open_session(request)
+        if session is None:
+            await self.ws.send_text(f"unavailable: {ack.reason}")
+            await self.ws.close(code=1013)
+            return
+        METRICS.active_sessions.labels(kind="policy").set(len(self.service.sessions))
+        try:
+            await self.ws.send_bytes(packb(self.metadata()))
+            await self._serve(session)
+        finally:
+            self.service.close_session(session)
+            METRICS.active_sessions.labels(kind="policy").set(len(self.service.sessions))
+
+    def metadata(self) -> dict[str, Any]:
+        """What the served policy expects, sent once on connect (openpi clients read it as a dict)."""
+        meta = self.service.metadata.to_dict()
+        meta["server"] = "rollserve"
+        meta["execution_horizon"] = self.service.server.execution_horizon
+        meta["openpi_input"] = describe_layout(self.service.openpi_layout)
+        return meta
+
+    async def _serve(self, session: PolicySession) -> None:
+        seq_id, prev_total_ms = 0, 0.0
+        while (message := await self.ws.receive())["type"] != _DISCONNECT:
+            started = time.perf_counter()
+            seq_id += 1
+            METRICS.requests.labels(route=self.route).inc()
+            try:
+                reply = await self._infer(session, message.get("bytes"), seq_id)
+            except (PolicyError, WireError) as exc:
+                await self._error(exc.code, exc.message)
+                continue
+            except LayoutError as exc:
+                await self._error("bad_observation", str(exc))
+                continue
+            except Exception:
+                logger.exception("openpi request failed")
+                await self._error(INFERENCE_ERROR, "internal server error")
+                continue
+            _observe_timings(reply)
+            timing = {
+                "infer_ms": reply.inference_ms,
+                "queue_wait_ms": reply.queue_wait_ms,
+                "batch_size": reply.batch_size,
+                "prev_total_ms": prev_total_ms,
+            }
+            await self.ws.send_bytes(packb({"actions": reply.chunk_robot, "server_timing": timing}))
+            prev_total_ms = (time.perf_counter() - started) * 1000.0
+
+    async def _infer(self, session: PolicySession, data: bytes | None, seq_id: int) -> ActionChunkMsg:
+        if data is None:
+            raise WireError(MALFORMED_FRAME, "send binary msgpack frames")
+        raw = (
+            unpackb(data, self.limits)
+            if len(data) <= _OFFLOAD_BYTES
+            else await asyncio.to_thread(unpackb, data, self.limits)
+        )
+        observation, _ = to_observation(raw, self.service.openpi_layout, self.service.metadata.camera_names)
+        header = MsgHeader(seq_id=seq_id, session_epoch=session.epoch)
+        obs = ObservationMsg(
+            state=observation["state"], images=observation["images"], task=observation["task"], header=header
+        )
+        return await self.service.infer(session, header, obs)
+
+    async def _error(self, code: str, message: str) -> None:
+        METRICS.errors.labels(route=self.route, code=code).inc()
+        await self.ws.send_text(f"{code}: {message}")

@@ -1,0 +1,136 @@
+"""The one store of policy sessions: who is connected, their processors, epoch and superseded requests.
+
+A session belongs to a robot (``client_uuid``). Reopening with the same uuid replaces the old session
+and bumps the epoch, so anything still in flight for the old one is recognisably stale.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rollserve.models.policy import Processors
+from rollserve.server.policy_errors import UNKNOWN_SESSION, PolicyError
+
+_EPOCH_MEMORY = 10_000  # client uuids whose last epoch is remembered after their session closed
+
+
+@dataclass
+class PolicySession:
+    """Per-robot server state. ``processors`` are this session's own (they may keep state)."""
+
+    session_id: str
+    client_uuid: str = ""
+    task: str = ""
+    robot_type: str = ""
+    rtc_enabled: bool = True
+    processors: Processors = field(default_factory=Processors)
+    epoch: int = 0
+    camera_names: tuple[str, ...] = ()
+    created_at: float = field(default_factory=time.time)
+    last_seen: float = field(default_factory=time.monotonic)
+    _superseded: list[int] = field(default_factory=list, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def note_superseded(self, seq_id: int) -> None:
+        with self._lock:
+            self._superseded.append(seq_id)
+
+    def take_superseded(self) -> list[int]:
+        """Seq ids superseded since the last reply (reported once, in the next chunk)."""
+        with self._lock:
+            taken, self._superseded = self._superseded, []
+        return sorted(taken)
+
+    def touch(self) -> None:
+        self.last_seen = time.monotonic()
+
+
+class SessionLimitReached(Exception):
+    """The server already holds its maximum number of sessions."""
+
+
+class PolicySessionStore:
+    """Sessions by id, one per client uuid, at most ``max_sessions``. Thread-safe."""
+
+    def __init__(self, max_sessions: int, make_processors: Callable[[], Processors] = Processors) -> None:
+        self.max_sessions = max_sessions
+        self._make_processors = make_processors
+        self._sessions: dict[str, PolicySession] = {}
+        self._by_client: dict[str, str] = {}
+        self._epochs: OrderedDict[str, int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    def open(
+        self,
+        client_uuid: str = "",
+        *,
+        task: str = "",
+        robot_type: str = "",
+        rtc_enabled: bool = True,
+        camera_names: tuple[str, ...] = (),
+    ) -> PolicySession:
+        """A fresh session (fresh processors). Replaces the client's previous one, with a higher epoch."""
+        client_uuid = client_uuid or uuid.uuid4().hex
+        with self._lock:
+            previous = self._by_client.pop(client_uuid, None)
+            if previous is not None:
+                self._sessions.pop(previous, None)
+            if len(self._sessions) >= self.max_sessions:
+                raise SessionLimitReached(f"server is at its limit of {self.max_sessions} policy sessions")
+            epoch = self._epochs.pop(client_uuid, -1) + 1
+            self._epochs[client_uuid] = epoch
+            while len(self._epochs) > _EPOCH_MEMORY:
+                self._epochs.popitem(last=False)
+            session = PolicySession(
+                session_id=uuid.uuid4().hex,
+                client_uuid=client_uuid,
+                task=task,
+                robot_type=robot_type,
+                rtc_enabled=rtc_enabled,
+                processors=self._make_processors(),
+                epoch=epoch,
+                camera_names=camera_names,
+            )
+            self._sessions[session.session_id] = session
+            self._by_client[client_uuid] = session.session_id
+            return session
+
+    def get(self, session_id: str) -> PolicySession:
+        with self._lock:
+            session = self._sessions.get(session_id)
+        if session is None:
+            raise PolicyError(UNKNOWN_SESSION, "no such session (never opened, closed, or replaced)")
+        return session
+
+    def is_open(self, session: PolicySession) -> bool:
+        with self._lock:
+            return self._sessions.get(session.session_id) is session
+
+    def reset(self, session: PolicySession) -> int:
+        """New episode: fresh processors, a new epoch, nothing superseded pending. Returns the epoch."""
+        with self._lock:
+            if self._sessions.get(session.session_id) is not session:
+                raise PolicyError(UNKNOWN_SESSION, "no such session (never opened, closed, or replaced)")
+            epoch = self._epochs.get(session.client_uuid, session.epoch) + 1
+            self._epochs[session.client_uuid] = epoch
+            session.epoch = epoch
+            session.processors = self._make_processors()
+            session.take_superseded()
+            return epoch
+
+    def close(self, session_id: str) -> bool:
+        """Forget a session; True when it was open (closing twice is harmless)."""
+        with self._lock:
+            session = self._sessions.pop(session_id, None)
+            if session is not None and self._by_client.get(session.client_uuid) == session_id:
+                del self._by_client[session.client_uuid]
+            return session is not None

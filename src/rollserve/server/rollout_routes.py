@@ -1,0 +1,230 @@
+"""HTTP routes of the rollout API: bodies in (JSON or msgpack), status codes out. No rules here.
+
+Every error answers with a typed body and a status that means what it says; a step's error body
+is still the full step response, so the client learns ``committed_step_id`` from it. Bodies are
+read with a size cap before anything is parsed, and nothing internal (tracebacks) is sent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+
+from rollserve.server.metrics import METRICS
+from rollserve.server.rollout_protocol import (
+    BatchStepRequest,
+    CreateSessionRequest,
+    ErrorObject,
+    ErrorResponse,
+    ForkSessionRequest,
+    ResetSessionRequest,
+    RolloutStepRequest,
+    RolloutStepResponse,
+)
+from rollserve.server.rollout_store import RolloutError
+from rollserve.wire.codec import packb, unpackb
+from rollserve.wire.errors import FRAME_TOO_LARGE, WireError
+
+if TYPE_CHECKING:
+    from rollserve.server.rollout_service import RolloutService
+    from rollserve.server.settings import ServerSettings
+
+logger = logging.getLogger(__name__)
+
+MSGPACK = "application/msgpack"
+_MSGPACK_TYPES = (MSGPACK, "application/x-msgpack")
+HTTP_STATUS: dict[str, int] = {
+    "invalid_request": 422,
+    "session_not_found": 404,
+    "model_not_found": 404,
+    "step_already_committed": 409,
+    "step_out_of_order": 409,
+    "session_exists": 409,
+    "session_closed": 410,
+    "session_expired": 410,
+    "payload_too_large": 413,
+    "unsupported_media_type": 415,
+    "inference_error": 500,
+    "internal_error": 500,
+    "at_capacity": 503,
+    "engine_unavailable": 503,
+}
+_DRAIN_FACTOR = 4  # read (and drop) up to this many times the limit, so the client gets its 413
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+class _NoBody(BaseModel):
+    """Routes that take no body accept (and ignore) an empty map."""
+
+
+def build_rollout_router(service: RolloutService, settings: ServerSettings) -> APIRouter:
+    """The ``/v1/realtime`` routes over ``service``."""
+    router = APIRouter(prefix="/v1/realtime")
+    limits = settings.limits
+
+    async def serve(
+        request: Request,
+        route: str,
+        body_model: type[Body],
+        call: Callable[[Body, bool], Awaitable[BaseModel]],
+        *,
+        session_id: str | None = None,
+        body_optional: bool = False,
+    ) -> Response:
+        METRICS.requests.labels(route=route).inc()
+        raw = _wants_msgpack(request)
+        parsed: Any = None
+        try:
+            parsed = await _read(request, limits, optional=body_optional)
+            result = await call(body_model.model_validate(parsed), raw)
+        except ValidationError as exc:
+            error = RolloutError("invalid_request", _validation_message(exc))
+        except RolloutError as exc:
+            error = exc
+        except Exception:
+            logger.exception("rollout route %s failed", route)
+            error = RolloutError("internal_error", "internal server error")
+        else:
+            code = result.error.code if isinstance(result, RolloutStepResponse) and result.error else None
+            if code:
+                METRICS.errors.labels(route=route, code=code).inc()
+            return _render(result, HTTP_STATUS.get(code, 500) if code else 200, raw)
+        METRICS.errors.labels(route=route, code=error.code).inc()
+        status = HTTP_STATUS.get(error.code, 500)
+        if route == "step" and session_id is not None:
+            step_id = parsed.get("step_id") if isinstance(parsed, dict) else None
+            step_id = step_id if isinstance(step_id, int) and not isinstance(step_id, bool) else -1
+            return _render(service.refused_step(session_id, step_id, error.code, error.message), status, raw)
+        detail = ErrorObject(
+            code=error.code, message=error.message, committed_step_id=error.committed_step_id
+        )
+        return _render(ErrorResponse(error=detail), status, raw)
+
+    @router.post("/sessions")
+    async def create_session(request: Request) -> Response:
+        return await serve(
+            request, "create", CreateSessionRequest, lambda b, raw: service.create_session(b, raw_tensors=raw)
+        )
+
+    @router.post("/sessions/{session_id}/step")
+    async def step(session_id: str, request: Request) -> Response:
+        return await serve(
+            request,
+            "step",
+            RolloutStepRequest,
+            lambda b, raw: service.step(session_id, b, raw_tensors=raw),
+            session_id=session_id,
+        )
+
+    @router.post("/sessions/{session_id}/reset")
+    async def reset(session_id: str, request: Request) -> Response:
+        return await serve(
+            request,
+            "reset",
+            ResetSessionRequest,
+            lambda b, raw: service.reset_session(session_id, b, raw_tensors=raw),
+            body_optional=True,
+        )
+
+    @router.post("/sessions/{session_id}/close")
+    async def close(session_id: str, request: Request) -> Response:
+        return await serve(
+            request, "close", _NoBody, lambda b, raw: service.close_session(session_id), body_optional=True
+        )
+
+    @router.get("/sessions/{session_id}/status")
+    async def status(session_id: str, request: Request) -> Response:
+        return await serve(
+            request, "status", _NoBody, lambda b, raw: service.get_status(session_id), body_optional=True
+        )
+
+    @router.post("/sessions/{session_id}/fork")
+    async def fork(session_id: str, request: Request) -> Response:
+        return await serve(
+            request,
+            "fork",
+            ForkSessionRequest,
+            lambda b, raw: service.fork_session(session_id, b, raw_tensors=raw),
+            body_optional=True,
+        )
+
+    @router.post("/batch_step")
+    async def batch_step(request: Request) -> Response:
+        return await serve(
+            request, "batch_step", BatchStepRequest, lambda b, raw: service.batch_step(b, raw_tensors=raw)
+        )
+
+    return router
+
+
+async def _read(request: Request, limits: Any, *, optional: bool) -> Any:
+    """The decoded body (a map), checked against the frame limit before it is parsed."""
+    limit = limits.max_frame_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit * _DRAIN_FACTOR):
+        raise RolloutError("payload_too_large", f"the body exceeds the limit of {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+        elif size > limit * _DRAIN_FACTOR:
+            break
+    if size > limit:
+        raise RolloutError("payload_too_large", f"the body of {size}+ bytes exceeds the limit of {limit}")
+    data = b"".join(chunks)
+    if not data.strip():
+        if optional:
+            return {}
+        raise RolloutError("invalid_request", "the request needs a body")
+    media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if media in _MSGPACK_TYPES:
+        try:
+            value = unpackb(data, limits)
+        except WireError as exc:
+            code = "payload_too_large" if exc.code == FRAME_TOO_LARGE else "invalid_request"
+            raise RolloutError(code, f"msgpack body rejected ({exc.code}): {exc.message}") from None
+    elif media in ("application/json", "", "text/plain") or media.endswith("+json"):
+        try:
+            value = json.loads(data)
+        except (ValueError, RecursionError):
+            raise RolloutError("invalid_request", "the body is not valid JSON") from None
+    else:
+        raise RolloutError("unsupported_media_type", f"send application/json or {MSGPACK}, not {media!r}")
+    if not isinstance(value, dict):
+        raise RolloutError("invalid_request", "the body must be a JSON object or msgpack map")
+    return value
+
+
+def _wants_msgpack(request: Request) -> bool:
+    accept = request.headers.get("accept", "").lower()
+    if any(media in accept for media in _MSGPACK_TYPES):
+        return True
+    if accept and "*/*" not in accept:
+        return False
+    content_type = request.headers.get("content-type", "").lower()
+    return any(content_type.startswith(media) for media in _MSGPACK_TYPES)
+
+
+def _render(body: BaseModel, status: int, raw: bool) -> Response:
+    if raw:
+        return Response(packb(body.model_dump(mode="python")), status_code=status, media_type=MSGPACK)
+    return JSONResponse(body.model_dump(mode="json"), status_code=status)
+
+
+def _validation_message(exc: ValidationError) -> str:
+    """A short, input-free summary (pydantic's own text would echo the client's data back)."""
+    parts = []
+    for err in exc.errors(include_url=False, include_input=False, include_context=False)[:5]:
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        parts.append(f"{where}: {err['msg']}")
+    more = exc.error_count() - len(parts)
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")

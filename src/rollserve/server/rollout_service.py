@@ -1,0 +1,556 @@
+"""The rules of rollout sessions: who may step, what commits, what a retry gets. No HTTP here.
+
+A contextual step must carry ``step_id == committed_step_id + 1``. It runs on the engine thread
+from the session's committed state; only when the world answered *and* its output converted to a
+float32 tensor does the session move (state, ``committed_step_id``, ``context_length``, the stored
+result) in one synchronous assignment. Anything that fails before leaves the session exactly as
+committed, because worlds are functional (see ``models.world``). A duplicate of the last committed
+step gets its stored result back without running the model.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import json
+import logging
+import math
+import time
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rollserve.engine import BatchingWorker, Completed, EngineClosed
+from rollserve.models.world import WorldCall, WorldInit, WorldModel, WorldOutput, WorldStep, run_world_calls
+from rollserve.server.metrics import METRICS
+from rollserve.server.rollout_protocol import (
+    Action,
+    BatchStepRequest,
+    BatchStepResponse,
+    BatchStepResult,
+    CloseSessionResponse,
+    CreateSessionRequest,
+    CreateSessionResponse,
+    ErrorObject,
+    ForkSessionRequest,
+    Observation,
+    ResetSessionRequest,
+    ResetSessionResponse,
+    RolloutStepRequest,
+    RolloutStepResponse,
+    SessionMetadata,
+    SessionStatusResponse,
+)
+from rollserve.server.rollout_store import (
+    RolloutError,
+    RolloutSession,
+    RolloutStore,
+    StepRecord,
+    closed_error,
+)
+
+if TYPE_CHECKING:
+    from rollserve.server.settings import ServerSettings
+
+__all__ = ["RolloutError", "RolloutService", "fold_action_into_observation"]
+
+logger = logging.getLogger(__name__)
+
+JOINT_KEY = "observation/joint_position"
+GRIPPER_KEY = "observation/gripper_position"
+START_STATE_KEY = "observation/state"
+PASS_THROUGH_KEYS = frozenset({"seed", "embodiment_name"})
+_MESSAGE_LIMIT = 300
+
+
+def fold_action_into_observation(observation: Observation, action: Action | None) -> dict[str, Any]:
+    """The world's input in DROID keys: the executed action becomes ``observation/joint_position``
+    (7) and ``observation/gripper_position`` (1); without one, ``observation.state`` supplies them.
+    Raises ``ValueError`` on a wrong count."""
+    folded: dict[str, Any] = {"prompt": observation.prompt, **(observation.images or {})}
+    folded.update(
+        {k: v for k, v in observation.extra.items() if k.startswith("observation/") or k in PASS_THROUGH_KEYS}
+    )
+    joints = action.joint_positions if action is not None else None
+    gripper = action.gripper_position if action is not None else None
+    state = observation.state or []
+    if joints is None and state:
+        joints = state[:7]
+        if gripper is None and len(state) > 7:
+            gripper = state[7:8]
+    if joints is not None:
+        folded[JOINT_KEY] = _exactly(joints, 7, "joint_positions")
+    if gripper is not None:
+        folded[GRIPPER_KEY] = _exactly(gripper, 1, "gripper_position")
+    return folded
+
+
+def _exactly(values: Any, count: int, name: str) -> np.ndarray:
+    array = np.asarray(values, dtype=np.float64).reshape(-1)
+    if array.size != count:
+        raise ValueError(f"DROID {name} must have {count} value{'s' if count > 1 else ''}, got {array.size}")
+    return array
+
+
+def as_float32(value: Any) -> np.ndarray:
+    """A world output as a C-contiguous little-endian float32 array (tensors are moved to the CPU)."""
+    for method in ("detach", "float", "cpu", "numpy"):
+        if callable(getattr(value, method, None)) and not isinstance(value, np.ndarray):
+            value = getattr(value, method)()
+    array = np.ascontiguousarray(value, dtype="<f4")
+    if not np.all(np.isfinite(array)):
+        raise ValueError("world output is not finite")
+    return array
+
+
+def encode_tensor_field(array: np.ndarray, *, raw: bool) -> dict[str, Any]:
+    """``next_observation``'s tensor: base64 of the raw float32 bytes (JSON) or the array itself (msgpack)."""
+    return {
+        "video_latent": array if raw else base64.b64encode(array.tobytes()).decode("ascii"),
+        "shape": list(array.shape),
+        "dtype": "float32",
+        "encoding": "tensor" if raw else "base64_raw_tensor",
+    }
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """A step that passed the rules and waits for the engine."""
+
+    call: WorldCall
+    fingerprint: str
+    started: float
+
+
+class RolloutService:
+    """Rollout sessions over one world; every world call goes through one batching engine thread."""
+
+    def __init__(
+        self,
+        world: WorldModel,
+        settings: ServerSettings | None = None,
+        *,
+        max_batch_items: int = 256,
+        clock: Any = time.monotonic,
+    ) -> None:
+        if settings is None:
+            from rollserve.server.settings import ServerSettings
+
+            settings = ServerSettings()
+        self.world = world
+        self.settings = settings
+        self.max_batch_items = max_batch_items
+        self.store = RolloutStore(settings.max_rollout_sessions, settings.rollout_idle_ttl_s, clock=clock)
+        self.engine: BatchingWorker = BatchingWorker(
+            partial(run_world_calls, world),
+            max_batch_size=max_batch_items,
+            max_wait_s=settings.max_batch_wait_ms / 1000.0,
+            name="rollserve-world",
+        )
+
+    # -- discovery and shutdown --------------------------------------------------------------------
+    def describe_models(self) -> list[dict[str, Any]]:
+        return [self.world.spec.describe()]
+
+    def close(self) -> None:
+        self.engine.close()
+        self.world.close()
+
+    # -- session lifecycle ----------------------------------------------------------------------------
+    async def create_session(
+        self, req: CreateSessionRequest, *, raw_tensors: bool = False
+    ) -> CreateSessionResponse:
+        if not self.world.spec.serves(req.model):
+            served = self.world.spec.name
+            raise RolloutError("model_not_found", f"this server serves world {served!r}, not {req.model!r}")
+        if req.session_id is not None and (existing := self._same_session(req.session_id, req.model, None)):
+            return self._created(existing, raw_tensors)
+        sid = self.store.reserve(req.session_id)
+        seeds = np.random.default_rng(req.seed)
+        seed = req.seed if req.seed is not None else int(seeds.integers(2**31))
+        out, obs = await self._initial(WorldInit(seed=seed))
+        now = time.time()
+        session = RolloutSession(
+            session_id=sid,
+            model=self.world.spec.name,
+            mode=req.mode,
+            created_at=now,
+            state=out.state,
+            root=out.state,
+            observation=obs,
+            seeds=seeds,
+        )
+        try:
+            self.store.add(session)
+        except RolloutError as exc:  # a concurrent create of the same client-chosen id won the race
+            if exc.code == "session_exists" and (existing := self._same_session(sid, req.model, None)):
+                return self._created(existing, raw_tensors)
+            raise
+        self._count_sessions()
+        return self._created(session, raw_tensors)
+
+    async def fork_session(
+        self, session_id: str, req: ForkSessionRequest | None = None, *, raw_tensors: bool = False
+    ) -> CreateSessionResponse:
+        """A new session holding ``session_id``'s committed state, counters and stored last result."""
+        req = req or ForkSessionRequest()
+        source = self.store.get(session_id)
+        if req.session_id is not None and (existing := self._same_session(req.session_id, None, session_id)):
+            return self._created(existing, raw_tensors)
+        async with source.lock:
+            if source.closed:
+                raise closed_error(source)
+            seeds = np.random.default_rng(source.seeds.integers(2**63))
+            fork = RolloutSession(
+                session_id=self.store.reserve(req.session_id),
+                model=source.model,
+                mode=source.mode,
+                created_at=time.time(),
+                state=source.state,
+                root=source.root,
+                observation=source.observation,
+                seeds=seeds,
+                committed_step_id=source.committed_step_id,
+                context_length=source.context_length,
+                last=source.last,
+                forked_from=source.session_id,
+            )
+            self.store.add(fork)
+        self._count_sessions()
+        return self._created(fork, raw_tensors)
+
+    async def reset_session(
+        self, session_id: str, req: ResetSessionRequest | None = None, *, raw_tensors: bool = False
+    ) -> ResetSessionResponse:
+        """Start a new episode in the session: context cleared, ``committed_step_id`` back to -1."""
+        req = req or ResetSessionRequest()
+        session = self.store.get(session_id)
+        async with session.lock:
+            if session.closed:
+                raise closed_error(session)
+            # drawn from a copy: a failed reset leaves even the seed sequence as it was
+            seeds = np.random.default_rng(req.seed) if req.seed is not None else copy.deepcopy(session.seeds)
+            seed = req.seed if req.seed is not None else int(seeds.integers(2**31))
+            start = np.asarray(req.state, dtype=np.float32) if req.state is not None else None
+            out, obs = await self._initial(WorldInit(seed=seed, state=start), session)
+            session.state = session.root = out.state
+            session.seeds = seeds
+            session.observation = obs
+            session.committed_step_id, session.context_length, session.last = -1, 0, None
+        return ResetSessionResponse(
+            session_id=session_id,
+            committed_step_id=-1,
+            context_length=0,
+            observation=encode_tensor_field(obs, raw=raw_tensors),
+        )
+
+    async def close_session(self, session_id: str) -> CloseSessionResponse:
+        """Release everything the session holds; closing again is a no-op. Waits for an in-flight step."""
+        session = self.store.get(session_id, include_closed=True)
+        async with session.lock:
+            session = self.store.close(session_id)
+        self._count_sessions()
+        return CloseSessionResponse(session_id=session_id, committed_step_id=session.committed_step_id)
+
+    async def get_status(self, session_id: str) -> SessionStatusResponse:
+        session = self.store.get(session_id, include_closed=True)
+        return SessionStatusResponse(
+            session_id=session_id,
+            committed_step_id=session.committed_step_id,
+            context_length=session.context_length,
+            closed=session.closed,
+            closed_reason=session.closed_reason,
+            model=session.model,
+        )
+
+    # -- steps ---------------------------------------------------------------------------------------
+    async def step(
+        self, session_id: str, req: RolloutStepRequest, *, raw_tensors: bool = False
+    ) -> RolloutStepResponse:
+        started = time.perf_counter()
+        try:
+            session = self.store.get(session_id)
+        except RolloutError as exc:
+            return self._refused(req.step_id, exc.code, exc.message, exc.committed_step_id, 0)
+        async with session.lock:
+            planned = self._plan(session, req, started, raw_tensors)
+            if isinstance(planned, RolloutStepResponse):
+                return planned
+            (outcome,) = await self._run([planned.call])
+            return self._finish(session, req, planned, outcome, raw_tensors)
+
+    async def batch_step(self, req: BatchStepRequest, *, raw_tensors: bool = False) -> BatchStepResponse:
+        """Many sessions' steps in one request and one engine batch; each item succeeds or fails alone."""
+        started = time.perf_counter()
+        items = req.items
+        answers: list[RolloutStepResponse | None] = [None] * len(items)
+        sessions: dict[int, RolloutSession] = {}
+        seen: set[str] = set()
+        for i, item in enumerate(items):
+            if item.session_id in seen:
+                answers[i] = self._refused(
+                    item.step_id, "invalid_request", "a session may appear only once per batch_step", -1, 0
+                )
+                continue
+            seen.add(item.session_id)
+            try:
+                sessions[i] = self.store.get(item.session_id)
+            except RolloutError as exc:
+                answers[i] = self._refused(item.step_id, exc.code, exc.message, exc.committed_step_id, 0)
+        async with AsyncExitStack() as stack:
+            for i in sorted(sessions, key=lambda k: sessions[k].session_id):  # one global order: no deadlock
+                await stack.enter_async_context(sessions[i].lock)
+            planned: dict[int, _Planned] = {}
+            for i, session in sessions.items():
+                plan = self._plan(session, items[i], started, raw_tensors)
+                if isinstance(plan, RolloutStepResponse):
+                    answers[i] = plan
+                else:
+                    planned[i] = plan
+            outcomes = await self._run([p.call for p in planned.values()]) if planned else []
+            for (i, plan), outcome in zip(planned.items(), outcomes, strict=True):
+                answers[i] = self._finish(sessions[i], items[i], plan, outcome, raw_tensors)
+        results = []
+        for item, answer in zip(items, answers, strict=True):
+            assert answer is not None
+            status = "ok" if answer.error is None else "error"
+            results.append(BatchStepResult(session_id=item.session_id, status=status, **dict(answer)))
+        return BatchStepResponse(results=results)
+
+    def refused_step(self, session_id: str, step_id: int, code: str, message: str) -> RolloutStepResponse:
+        """The full error response for a step the transport could not even parse."""
+        session = self.store.peek(session_id)
+        committed = session.committed_step_id if session else -1
+        return self._refused(step_id, code, message, committed, session.context_length if session else 0)
+
+    # -- the rules ------------------------------------------------------------------------------------
+    def _plan(
+        self, session: RolloutSession, req: RolloutStepRequest, started: float, raw: bool
+    ) -> _Planned | RolloutStepResponse:
+        """Check a step against the session; either the engine call to make or the answer to give."""
+        committed, context = session.committed_step_id, session.context_length
+        if session.closed:
+            exc = closed_error(session)
+            return self._refused(req.step_id, exc.code, exc.message, committed, context)
+        fingerprint = _fingerprint(req)
+        if req.use_session_context and req.step_id != committed + 1:
+            if req.step_id > committed:
+                message = f"expected step_id {committed + 1}, got {req.step_id}"
+                return self._refused(req.step_id, "step_out_of_order", message, committed, context)
+            last = session.last
+            if last is not None and last.step_id == req.step_id and last.fingerprint == fingerprint:
+                return self._replay(session, last, raw)
+            message = f"step {req.step_id} is already committed (committed_step_id={committed})"
+            if last is not None and last.step_id == req.step_id:
+                message += "; this request differs from the one committed, so its result is not returned"
+            return self._refused(req.step_id, "step_already_committed", message, committed, context)
+        try:
+            inputs = fold_action_into_observation(req.observation, req.action)
+            action = self._action_vector(inputs)
+            init = _start_from(inputs)
+        except (ValueError, TypeError) as exc:
+            return self._refused(req.step_id, "invalid_request", _short(exc), committed, context)
+        if req.use_session_context:
+            state = session.state
+            if committed >= 0:
+                init = None  # a running context is authoritative; start conditions apply to fresh ones
+        else:
+            state = session.root  # a scratch context: the episode's start, never the committed state
+        return _Planned(WorldCall(init=init, step=WorldStep(state, action, inputs)), fingerprint, started)
+
+    def _finish(
+        self,
+        session: RolloutSession,
+        req: RolloutStepRequest,
+        plan: _Planned,
+        outcome: Completed | BaseException,
+        raw: bool,
+    ) -> RolloutStepResponse:
+        """Commit a successful contextual step atomically; anything else leaves the session as it was."""
+        committed, context = session.committed_step_id, session.context_length
+        try:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            out = outcome.value
+            if not isinstance(out, WorldOutput):
+                raise TypeError(f"world returned {type(out).__name__}, not a WorldOutput")
+            record = StepRecord(
+                step_id=req.step_id,
+                fingerprint=plan.fingerprint,
+                observation=as_float32(out.observation),
+                reward=_finite(out.reward, "reward"),
+                terminated=bool(out.terminated),
+                uncertainty=None if out.uncertainty is None else _finite(out.uncertainty, "uncertainty"),
+                info=_json_safe(out.info),
+            )
+        except EngineClosed:
+            message = "the world engine is shut down"
+            return self._refused(req.step_id, "engine_unavailable", message, committed, context)
+        except Exception as exc:
+            logger.warning("step %s of session %s failed", req.step_id, session.session_id, exc_info=exc)
+            message = f"world step failed: {type(exc).__name__}: {_short(exc)}"
+            return self._refused(req.step_id, "inference_error", message, committed, context)
+        if req.use_session_context:
+            session.state, session.observation, session.last = out.state, record.observation, record
+            session.committed_step_id, session.context_length = req.step_id, context + 1
+            committed, context = req.step_id, context + 1
+        meta = SessionMetadata(
+            latency_ms=round((time.perf_counter() - plan.started) * 1000.0, 3),
+            steps_generated=1,
+            context_length=context,
+            committed_step_id=committed,
+            uncertainty=record.uncertainty,
+            queue_wait_ms=round(outcome.queue_wait_s * 1000.0, 3),
+            batch_size=outcome.batch_size,
+        )
+        return RolloutStepResponse(
+            step_id=req.step_id, next_observation=_next_observation(record, raw), model_metadata=meta
+        )
+
+    def _replay(self, session: RolloutSession, last: StepRecord, raw: bool) -> RolloutStepResponse:
+        response = self._refused(
+            last.step_id,
+            "step_already_committed",
+            f"step {last.step_id} is already committed; its stored result is returned",
+            session.committed_step_id,
+            session.context_length,
+        )
+        response.next_observation = _next_observation(last, raw)
+        response.model_metadata.uncertainty = last.uncertainty
+        response.replayed = True
+        return response
+
+    def _action_vector(self, inputs: dict[str, Any]) -> np.ndarray:
+        spec = self.world.spec
+        joints, gripper = inputs.get(JOINT_KEY), inputs.get(GRIPPER_KEY)
+        if (joints is None or gripper is None) and spec.requires_action:
+            raise ValueError(
+                f"world {spec.name!r} needs action.joint_positions (7 values) and action.gripper_position "
+                "(1 value), or an observation.state that starts with them"
+            )
+        joints = np.zeros(7) if joints is None else joints
+        gripper = np.zeros(1) if gripper is None else gripper
+        return np.concatenate([joints, gripper]).astype(np.float32)
+
+    # -- engine ---------------------------------------------------------------------------------------
+    async def _run(self, calls: list[WorldCall]) -> list[Completed | BaseException]:
+        try:
+            outcomes = await self.engine.submit_many(calls)
+        except EngineClosed as exc:
+            return [exc] * len(calls)
+        done = [o for o in outcomes if isinstance(o, Completed)]
+        if done:
+            METRICS.queue_wait.labels(kind="world").observe(max(o.queue_wait_s for o in done))
+            METRICS.inference.labels(kind="world").observe(done[0].run_s)
+            METRICS.batch_size.labels(kind="world").observe(done[0].batch_size)
+        return outcomes
+
+    async def _initial(
+        self, init: WorldInit, session: RolloutSession | None = None
+    ) -> tuple[WorldOutput, np.ndarray]:
+        """A fresh start state from the world, or ``inference_error`` / ``invalid_request``."""
+        committed = session.committed_step_id if session else -1
+        (outcome,) = await self._run([WorldCall(init=init)])
+        try:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            out = outcome.value
+            return out, as_float32(out.observation)
+        except EngineClosed:
+            code, message = "engine_unavailable", "the world engine is shut down"
+        except ValueError as exc:
+            if init.state is not None:  # the client's start state was refused by the world
+                code, message = "invalid_request", _short(exc)
+            else:
+                code, message = "inference_error", f"world start failed: {_short(exc)}"
+        except Exception as exc:
+            logger.warning("world start failed", exc_info=exc)
+            code, message = "inference_error", f"world start failed: {type(exc).__name__}: {_short(exc)}"
+        raise RolloutError(code, message, committed_step_id=committed)
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def _same_session(self, sid: str, model: str | None, forked_from: str | None) -> RolloutSession | None:
+        """The open session a retried create (or fork) with a client-chosen id already made, if any."""
+        existing = self.store.peek(sid)
+        if existing is None or existing.closed or existing.forked_from != forked_from:
+            return None
+        if model is not None and not self.world.spec.serves(model):
+            return None
+        return existing
+
+    def _created(self, session: RolloutSession, raw: bool) -> CreateSessionResponse:
+        return CreateSessionResponse(
+            session_id=session.session_id,
+            mode=session.mode,
+            created_at=session.created_at,
+            model=session.model,
+            committed_step_id=session.committed_step_id,
+            context_length=session.context_length,
+            observation=encode_tensor_field(session.observation, raw=raw),
+            forked_from=session.forked_from,
+        )
+
+    def _count_sessions(self) -> None:
+        METRICS.active_sessions.labels(kind="rollout").set(len(self.store))
+
+    @staticmethod
+    def _refused(step_id: int, code: str, message: str, committed: int, context: int) -> RolloutStepResponse:
+        return RolloutStepResponse(
+            step_id=step_id,
+            model_metadata=SessionMetadata(
+                latency_ms=0.0, steps_generated=0, context_length=context, committed_step_id=committed
+            ),
+            error=ErrorObject(code=code, message=message, step_id=step_id, committed_step_id=committed),
+        )
+
+
+def _start_from(inputs: dict[str, Any]) -> WorldInit | None:
+    """Start conditions a request may carry for a fresh context: ``seed`` and/or a start state."""
+    seed, state = inputs.get("seed"), inputs.get(START_STATE_KEY)
+    if seed is None and state is None:
+        return None
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError("observation.extra.seed must be an integer")
+    start = None if state is None else np.asarray(state, dtype=np.float32).reshape(-1)
+    return WorldInit(seed=seed, state=start)
+
+
+def _next_observation(record: StepRecord, raw: bool) -> dict[str, Any]:
+    return {
+        **encode_tensor_field(record.observation, raw=raw),
+        "reward": record.reward,
+        "terminated": record.terminated,
+        "info": record.info,
+    }
+
+
+def _fingerprint(req: RolloutStepRequest) -> str:
+    body = req.model_dump(mode="json")
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _finite(value: Any, name: str) -> float:
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"world {name} is not finite")
+    return number
+
+
+def _json_safe(info: dict[str, Any]) -> dict[str, Any]:
+    """The world's info dict as plain JSON values (numpy scalars and small arrays converted)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, np.ndarray | np.generic):
+            return value.tolist()
+        raise TypeError(f"info value of type {type(value).__name__} cannot be sent")
+
+    return json.loads(json.dumps(dict(info), default=plain, allow_nan=False))
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:_MESSAGE_LIMIT]
