@@ -68,7 +68,9 @@ def _queue() -> ActionQueue:
     return ActionQueue(RTCConfig(enabled=True, execution_horizon=EXECUTION_HORIZON))
 
 
-def _local_cycle(policy: ChunkPolicy, processors: Any, queue: ActionQueue, obs: dict[str, Any], delay: int) -> None:
+def _local_cycle(
+    policy: ChunkPolicy, processors: Any, queue: ActionQueue, obs: dict[str, Any], delay: int
+) -> None:
     index_before = queue.get_action_index()
     left_over = queue.get_left_over()
     batch = processors.pre({"state": obs["state"], "images": obs["images"], "task": TASK})
@@ -83,7 +85,12 @@ def _assert_same_bytes(a: np.ndarray, b: np.ndarray) -> None:
 
 
 def _remote_cycle(
-    server: PolicyServer, session: PolicySession, queue: ActionQueue, obs: dict[str, Any], delay: int, seq_id: int
+    server: PolicyServer,
+    session: PolicySession,
+    queue: ActionQueue,
+    obs: dict[str, Any],
+    delay: int,
+    seq_id: int,
 ) -> None:
     index_before = queue.get_action_index()
     left_model, left_robot = queue.get_left_over(), queue.get_processed_left_over()
@@ -117,7 +124,9 @@ def _assert_queues_equal(local: ActionQueue, remote: ActionQueue, cycle: int, de
     assert local.queue is not None and remote.queue is not None
     assert local.original_queue is not None and remote.original_queue is not None
     assert local.queue.tobytes() == remote.queue.tobytes(), f"robot-space queues diverged (cycle {cycle})"
-    assert local.original_queue.tobytes() == remote.original_queue.tobytes(), f"model queues diverged ({cycle})"
+    assert local.original_queue.tobytes() == remote.original_queue.tobytes(), (
+        f"model queues diverged ({cycle})"
+    )
     assert local.queue.shape == remote.queue.shape == (CHUNK_SIZE - min(delay, CHUNK_SIZE), ACTION_DIM)
 
 
@@ -199,7 +208,10 @@ def test_remote_engine_matches_local_engine_over_websocket(
     policy_local = _policy()
     config = EngineConfig(rtc=RTCConfig(enabled=True, execution_horizon=EXECUTION_HORIZON), task=TASK)
     local = LocalInferenceEngine(policy_local, config, execution_horizon=EXECUTION_HORIZON)
-    with RemoteInferenceEngine(running.ws_url + "/v1/policy/ws", config, state_dim=STATE_DIM) as remote, local:
+    with (
+        RemoteInferenceEngine(running.ws_url + "/v1/policy/ws", config, state_dim=STATE_DIM) as remote,
+        local,
+    ):
         for cycle, delay in enumerate(DELAYS):
             obs = _robot_obs(cycle, with_images)
             assert local.run_cycle(obs, delay=delay) and remote.run_cycle(obs, delay=delay)

@@ -7,6 +7,7 @@ Typed server errors raise :class:`ServerError`; a lost connection raises
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 import uuid
@@ -125,7 +126,8 @@ class PolicyClient:
                 self._send(CloseMsg(header=MsgHeader(session_epoch=self.session_epoch)))
         except PolicyConnectionError:
             pass
-        self._ws.close()
+        with contextlib.suppress(OSError, websockets.exceptions.WebSocketException):
+            self._ws.close()  # may already be broken: nothing left to close then
         self._ws = None
         self.ack = None
 

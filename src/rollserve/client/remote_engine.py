@@ -56,11 +56,7 @@ class RemoteChunkSource:
         return self.connect()
 
     def close(self) -> None:
-        try:
-            self.client.close()
-        except Exception:  # closing a broken connection must not mask why we close it
-            self.client._ws = None
-            self.client.ack = None
+        self.client.close()
 
 
 class RemoteInferenceEngine(InferenceEngine):

@@ -129,6 +129,8 @@ class RolloutClient:
         return reply["session_id"], decode_tensor_field(reply["observation"])
 
     def reset(self, session_id: str, *, seed: int | None = None) -> np.ndarray:
+        """A new episode; the seed is drawn here when not given, so a retried reset lands the same."""
+        seed = seed if seed is not None else int(np.random.default_rng().integers(2**31))
         reply = self._call("POST", f"/v1/realtime/sessions/{session_id}/reset", {"seed": seed})
         return decode_tensor_field(reply["observation"])
 

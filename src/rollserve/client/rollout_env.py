@@ -92,7 +92,7 @@ class RolloutEnv(gym.Env[np.ndarray, np.ndarray]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
-        if seed is None and self._session.session_id is None:
+        if seed is None:  # continue this env's seeded sequence (and keep a retried reset idempotent)
             seed = int(self.np_random.integers(2**31))
         return self._session.reset(seed), {}
 
@@ -145,7 +145,7 @@ class RolloutVectorEnv(VectorEnv):
     ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed if isinstance(seed, int) else None)
         if seed is None:
-            seeds: list[int | None] = [None] * self.num_envs
+            seeds: list[int | None] = [self._next_seed() for _ in range(self.num_envs)]
         elif isinstance(seed, int):
             seeds = [seed + i for i in range(self.num_envs)]
         else:
@@ -164,7 +164,7 @@ class RolloutVectorEnv(VectorEnv):
         stepping = [i for i in range(n) if not self._needs_reset[i]]
         for i in range(n):
             if self._needs_reset[i]:
-                obs[i] = self._sessions[i].reset(None)
+                obs[i] = self._sessions[i].reset(self._next_seed())
         results = (
             self.client.batch_step([self._sessions[i].call(actions[i]) for i in stepping]) if stepping else []
         )
@@ -176,6 +176,9 @@ class RolloutVectorEnv(VectorEnv):
             truncated[i] = self._sessions[i].elapsed >= self.max_episode_steps and not result.terminated
         self._needs_reset = terminated | truncated
         return obs, rewards, terminated, truncated, {}
+
+    def _next_seed(self) -> int:
+        return int(self.np_random.integers(2**31))
 
     def close_extras(self, **kwargs: Any) -> None:
         try:

@@ -48,8 +48,10 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
     elif callable(target):
         try:
             policy = target(**kwargs)
-        except TypeError as exc:
-            raise PolicyLoadError(f"policy spec {spec!r}: calling {attr}() failed: {exc}") from exc
+        except Exception as exc:
+            raise PolicyLoadError(
+                f"policy spec {spec!r}: calling {attr}() failed: {type(exc).__name__}: {exc}"
+            ) from exc
     else:
         raise PolicyLoadError(f"policy spec {spec!r}: {attr!r} is neither a factory nor a policy")
     _check_policy(policy, spec)

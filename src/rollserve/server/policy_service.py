@@ -70,10 +70,10 @@ def resolve_execution_horizon(policy: Policy, requested: int | None = None) -> i
     return min(int(horizon), policy.metadata.chunk_size)
 
 
-def _failure(stage: str, exc: BaseException) -> PolicyError:
+def _failure(stage: str, exc: BaseException) -> PolicyError | WireError:
     """What the client learns about a failure inside the model code: the error, not its traceback."""
     if isinstance(exc, PolicyError | WireError):
-        return exc  # type: ignore[return-value]
+        return exc
     logger.error("%s failed", stage, exc_info=exc)
     return PolicyError(INFERENCE_ERROR, f"{stage} failed: {type(exc).__name__}: {str(exc)[:300]}")
 

@@ -25,15 +25,16 @@ from rollserve.models.flow_net import FlowNetConfig, VelocityNet
 from rollserve.models.flow_policy import DEFAULT_RTC, FlowMatchingPolicy
 from rollserve.models.flow_stats import NormStats
 
-DEFAULT_DATA = Path("data/tabletop.npz")
 DEFAULT_EPISODES = 200
+DEFAULT_ACTION_NOISE = 0.02
+"""DART-style noise (rad) on the expert's executed joint targets: the clone learns to recover."""
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimisation and architecture knobs; stored in the checkpoint's provenance."""
 
-    steps: int = 20_000
+    steps: int = 8_000
     batch_size: int = 256
     lr: float = 1e-3
     weight_decay: float = 1e-4
@@ -64,6 +65,9 @@ class ChunkDataset:
         states = np.asarray(data["states"], np.float32)
         actions = np.asarray(data["actions"], np.float32)
         episodes = np.asarray(data["episode_index"], np.int64)
+        if "success" in data:  # clone only the demonstrations that worked
+            keep = np.asarray(data["success"], bool)[episodes]
+            states, actions, episodes = states[keep], actions[keep], episodes[keep]
         stats = NormStats.fit(states, actions)
         index = chunk_indices(episodes, chunk_size)
         meta_raw = data.get("meta_json")
@@ -176,9 +180,17 @@ def train_flow_policy(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = TrainConfig()
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="dataset .npz (generated if absent)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="dataset .npz, generated if absent (default data/tabletop_<episodes>ep_seed<s>_noise<n>.npz)",
+    )
     parser.add_argument("--episodes", type=int, default=DEFAULT_EPISODES, help="episodes when generating")
     parser.add_argument("--data-seed", type=int, default=0, help="seed when generating the dataset")
+    parser.add_argument(
+        "--action-noise", type=float, default=DEFAULT_ACTION_NOISE, help="expert noise when generating"
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/flow_policy"), help="checkpoint directory")
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--seed", type=int, default=defaults.seed)
@@ -193,13 +205,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _ensure_dataset(args: argparse.Namespace) -> Path:
+    if args.data is None:
+        name = f"tabletop_{args.episodes}ep_seed{args.data_seed}_noise{args.action_noise:g}.npz"
+        args.data = Path("data") / name
     if args.data.exists():
         return args.data
     from rollserve.sim.dataset import generate_dataset
 
-    args.data.parent.mkdir(parents=True, exist_ok=True)
     print(f"generating {args.episodes} expert episodes (seed {args.data_seed}) -> {args.data}")
-    generate_dataset(args.episodes, args.data_seed, args.data)
+    generate_dataset(args.episodes, args.data_seed, args.data, action_noise=args.action_noise)
     return args.data
 
 
@@ -233,7 +247,7 @@ def _command_line(args: argparse.Namespace) -> str:
     """The full command that reproduces this run (every option spelled out)."""
     parts = ["rollserve train policy"]
     for key, value in vars(args).items():
-        if key in {"command", "eval_episodes"} or callable(value):
+        if key in {"command", "eval_episodes", "out"} or callable(value):
             continue
         parts.append(f"--{key.replace('_', '-')} {value}")
     return " ".join(parts)
@@ -263,7 +277,11 @@ def main(args: argparse.Namespace) -> int:
             "file": data_path.name,
             "frames": len(data["states"]),
             "episodes": len(data["success"]) if "success" in data else None,
-            "generated_with": {"episodes": args.episodes, "seed": args.data_seed},
+            "generated_with": {
+                "episodes": args.episodes,
+                "seed": args.data_seed,
+                "action_noise": args.action_noise,
+            },
         },
         "final_loss_avg100": float(np.mean(losses[-100:])),
         "train_seconds": round(seconds, 1),

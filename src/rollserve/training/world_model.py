@@ -1,0 +1,279 @@
+"""`rollserve train world`: collect simulator transitions of the tabletop task, fit the learned world
+model, and measure its error against the simulator over a horizon.
+
+Data: the scripted expert with Gaussian noise on the *executed* joint targets (the executed action is
+recorded, so each transition is what the physics really did), at several noise levels for coverage.
+The error report replays held-out episodes' actions open-loop in both worlds from the same start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rollserve.models.learned_world import (
+    LearnedWorld,
+    LearnedWorldConfig,
+    StartDistribution,
+    TaskRule,
+    WorldNet,
+    default_checkpoint_dir,
+    save_world_model,
+)
+from rollserve.models.world import WorldInit, WorldStep
+
+HORIZONS = (1, 5, 10, 20, 40, 80)
+
+
+@dataclass(frozen=True)
+class Transitions:
+    """Aligned arrays, one row per control step: state, its last change, executed action, next state."""
+
+    states: np.ndarray
+    changes: np.ndarray
+    actions: np.ndarray
+    next_states: np.ndarray
+
+
+@dataclass(frozen=True)
+class Episode:
+    seed: int
+    states: np.ndarray  # (T + 1, S)
+    actions: np.ndarray  # (T, A)
+    rewards: np.ndarray  # (T,)
+
+
+def collect(num_episodes: int, seed: int, noise_levels: tuple[float, ...], steps: int) -> list[Episode]:
+    """Expert episodes in the simulator with noisy executed actions (the noise level cycles)."""
+    from rollserve.sim.env import TabletopPickPlaceEnv
+    from rollserve.sim.expert import ScriptedExpert
+
+    env = TabletopPickPlaceEnv(max_episode_steps=steps, terminate_on_success=False)
+    expert = ScriptedExpert()
+    noise_rng = np.random.default_rng([seed, 7])
+    seeds = np.random.SeedSequence(seed).generate_state(num_episodes, dtype=np.uint32)
+    episodes = []
+    for i, ep_seed in enumerate(seeds):
+        sigma = noise_levels[i % len(noise_levels)]
+        obs, _ = env.reset(seed=int(ep_seed))
+        expert.reset(obs)
+        states, actions, rewards = [obs["state"]], [], []
+        for _ in range(steps):
+            action = expert.act(obs).copy()
+            action[:7] += noise_rng.normal(0.0, sigma, size=7).astype(np.float32)
+            action = np.clip(action, env.action_space.low, env.action_space.high)
+            obs, reward, _, _, _ = env.step(action)
+            states.append(obs["state"])
+            actions.append(action)
+            rewards.append(reward)
+        episodes.append(Episode(int(ep_seed), np.asarray(states), np.asarray(actions), np.asarray(rewards)))
+    env.close()
+    return episodes
+
+
+def to_transitions(episodes: list[Episode]) -> Transitions:
+    parts: list[tuple[np.ndarray, ...]] = []
+    for ep in episodes:
+        s = ep.states[:-1]
+        change = np.diff(ep.states, axis=0, prepend=ep.states[:1])[:-1]
+        parts.append((s, change, ep.actions, ep.states[1:]))
+    return Transitions(*(np.concatenate(cols).astype(np.float32) for cols in zip(*parts, strict=True)))
+
+
+def task_config(ensemble: int, hidden: int, depth: int) -> LearnedWorldConfig:
+    """The architecture plus everything the learned world copies from the simulator."""
+    from rollserve.sim.env import HOME_NOISE, HOME_QPOS, TabletopPickPlaceEnv
+    from rollserve.sim.layout import CONTROL_HZ, MAX_EPISODE_STEPS, STATE_NAMES
+    from rollserve.sim.task import CUBE_REST_Z, TaskConfig
+
+    task = TaskConfig()
+    space = TabletopPickPlaceEnv().action_space
+    return LearnedWorldConfig(
+        state_names=tuple(STATE_NAMES),
+        hidden=hidden,
+        depth=depth,
+        ensemble=ensemble,
+        control_hz=CONTROL_HZ,
+        max_episode_steps=MAX_EPISODE_STEPS,
+        action_low=tuple(float(x) for x in space.low),
+        action_high=tuple(float(x) for x in space.high),
+        start=StartDistribution(
+            home_qpos=tuple(float(x) for x in HOME_QPOS),
+            home_noise=HOME_NOISE,
+            cube_x=task.cube_x,
+            cube_y=task.cube_y,
+            target_x=task.target_x,
+            target_y=task.target_y,
+            cube_rest_z=CUBE_REST_Z,
+        ),
+        rule=TaskRule(task.success_radius, task.rest_tolerance, CUBE_REST_Z),
+    )
+
+
+def fit(
+    config: LearnedWorldConfig,
+    episodes: list[Episode],
+    iterations: int,
+    batch: int,
+    seed: int,
+    *,
+    unroll: int = 8,
+    unroll_iterations: int = 0,
+) -> WorldNet:
+    """One-step regression of normalised state changes, then (optionally) a multi-step phase: each
+    member rolls its own prediction forward ``unroll`` steps, so errors that compound are penalised."""
+    torch.manual_seed(seed)
+    net = WorldNet(config)
+    data = to_transitions(episodes)
+    s, c, a, n = (torch.as_tensor(x) for x in (data.states, data.changes, data.actions, data.next_states))
+    feats = net.features(s, c, a)
+    target = n - s
+    net.in_mean.copy_(feats.mean(0))
+    net.in_std.copy_(_std_floor(feats.std(0)))
+    net.out_mean.copy_(target.mean(0))
+    net.out_std.copy_(_std_floor(target.std(0)))
+    target_n = (target - net.out_mean) / net.out_std
+    gen = torch.Generator().manual_seed(seed)
+    net.train()
+    opt = torch.optim.AdamW(net.mlp.parameters(), lr=2e-3, weight_decay=1e-5)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, iterations)
+    for _ in range(iterations):
+        idx = torch.randint(len(s), (config.ensemble, batch), generator=gen)
+        x = (feats[idx] - net.in_mean) / net.in_std
+        _descend(opt, torch.nn.functional.mse_loss(net.mlp(x), target_n[idx]))
+        sched.step()
+    if unroll_iterations:
+        _fit_unrolled(net, episodes, unroll, unroll_iterations, batch, gen)
+    return net.eval()
+
+
+def _fit_unrolled(
+    net: WorldNet, episodes: list[Episode], unroll: int, iterations: int, batch: int, gen: torch.Generator
+) -> None:
+    states = torch.as_tensor(np.stack([ep.states for ep in episodes]), dtype=torch.float32)  # (N, T+1, S)
+    actions = torch.as_tensor(np.stack([ep.actions for ep in episodes]), dtype=torch.float32)  # (N, T, A)
+    horizon = actions.shape[1]
+    opt = torch.optim.AdamW(net.mlp.parameters(), lr=3e-4, weight_decay=1e-5)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, iterations)
+    e = net.config.ensemble
+    for _ in range(iterations):
+        ep = torch.randint(len(episodes), (e, batch), generator=gen)
+        t0 = torch.randint(horizon - unroll, (e, batch), generator=gen)
+        state = states[ep, t0]
+        change = torch.where((t0 > 0).unsqueeze(-1), state - states[ep, (t0 - 1).clamp(min=0)], 0.0)
+        loss = torch.zeros(())
+        for k in range(unroll):
+            x = (net.features(state, change, actions[ep, t0 + k]) - net.in_mean) / net.in_std
+            change = net.denormalise(net.mlp(x))
+            state = state + change
+            loss = loss + torch.mean(((state - states[ep, t0 + k + 1]) / net.out_std) ** 2)
+        _descend(opt, loss / unroll)
+        sched.step()
+
+
+def _descend(opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
+def _std_floor(std: torch.Tensor) -> torch.Tensor:
+    """Features that never vary (the target's position) are left unscaled."""
+    return torch.where(std < 1e-6, torch.ones_like(std), std)
+
+
+def horizon_errors(world: LearnedWorld, episodes: list[Episode]) -> dict[str, Any]:
+    """Open-loop error of the learned world against the simulator, from the same start and actions."""
+    starts = world.initial_states([WorldInit(seed=ep.seed) for ep in episodes])
+    states = [out.state for out in starts]  # type: ignore[union-attr]
+    length = min(len(ep.actions) for ep in episodes)
+    joint, gripper, cube, reward = [], [], [], []
+    for t in range(length):
+        outs = world.step_batch(
+            [WorldStep(st, ep.actions[t]) for st, ep in zip(states, episodes, strict=True)]
+        )
+        states = [o.state for o in outs]  # type: ignore[union-attr]
+        pred = np.stack([o.observation for o in outs])  # type: ignore[union-attr]
+        true = np.stack([ep.states[t + 1] for ep in episodes])
+        joint.append(np.sqrt(np.mean((pred[:, :7] - true[:, :7]) ** 2, axis=1)))
+        gripper.append(np.abs(pred[:, 7] - true[:, 7]))
+        cube.append(np.linalg.norm(pred[:, 8:11] - true[:, 8:11], axis=1))
+        reward.append(np.abs(np.array([o.reward for o in outs]) - [ep.rewards[t] for ep in episodes]))  # type: ignore[union-attr]
+    table = {}
+    for h in (h for h in HORIZONS if h <= length):
+        table[str(h)] = {
+            "joint_rmse_rad": float(np.mean(joint[h - 1])),
+            "gripper_abs": float(np.mean(gripper[h - 1])),
+            "cube_pos_err_m": float(np.mean(cube[h - 1])),
+            "cube_pos_err_m_p90": float(np.percentile(cube[h - 1], 90)),
+            "reward_abs_err": float(np.mean(reward[h - 1])),
+        }
+    return {"episodes": len(episodes), "horizon_steps": table}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--episodes", type=int, default=240, help="training episodes to collect")
+    parser.add_argument(
+        "--eval-episodes", type=int, default=40, help="held-out episodes for the error report"
+    )
+    parser.add_argument("--steps", type=int, default=100, help="control steps per episode")
+    parser.add_argument(
+        "--noise", type=float, nargs="+", default=[0.0, 0.02, 0.05, 0.1], help="action noise (rad)"
+    )
+    parser.add_argument("--ensemble", type=int, default=5)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--depth", type=int, default=2)
+    parser.add_argument("--iterations", type=int, default=8000)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--unroll", type=int, default=8, help="steps of the multi-step phase")
+    parser.add_argument("--unroll-iterations", type=int, default=1500, help="0 skips the multi-step phase")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="checkpoint directory (default: the shipped one)"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    train_eps = collect(args.episodes, args.seed, tuple(args.noise), args.steps)
+    eval_eps = collect(args.eval_episodes, args.seed + 10_000, (0.02,), args.steps)
+    transitions = sum(len(ep.actions) for ep in train_eps)
+    print(f"collected {transitions} transitions in {time.perf_counter() - started:.0f} s")
+    config = task_config(args.ensemble, args.hidden, args.depth)
+    net = fit(
+        config,
+        train_eps,
+        args.iterations,
+        args.batch,
+        args.seed,
+        unroll=args.unroll,
+        unroll_iterations=args.unroll_iterations,
+    )
+    report = horizon_errors(LearnedWorld(net), eval_eps)
+    net.config = replace(
+        config,
+        training={
+            "episodes": args.episodes,
+            "transitions": transitions,
+            "unroll": args.unroll,
+            "unroll_iterations": args.unroll_iterations,
+            "noise_levels": list(args.noise),
+            "iterations": args.iterations,
+            "seed": args.seed,
+            "seconds": round(time.perf_counter() - started, 1),
+            "evaluation": report,
+        },
+    )
+    out = save_world_model(net, args.out or default_checkpoint_dir())
+    print(json.dumps(report, indent=2))
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,145 @@
+"""`rollserve serve` as a real subprocess, driven by rollserve's client and by the real openpi client."""
+
+from __future__ import annotations
+
+import queue
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import websockets.exceptions
+from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+from rollserve.cli import main as cli_main
+from rollserve.client import EngineConfig, PolicyClient, PolicyConnectionError, RemoteInferenceEngine
+from rollserve.server.launch import parse_policy_args
+
+pytestmark = pytest.mark.filterwarnings("ignore:connect\\(\\) must be used:DeprecationWarning")
+
+SPEC = "rollserve.models.simple_policies:droid_policy"
+READY = re.compile(r"rollserve serving on http://127\.0\.0\.1:(\d+)")
+CAMERAS = ("exterior_image_1_left", "wrist_image_left")
+
+
+@contextmanager
+def rollserve_serve(tmp_path: Path, *args: str) -> Iterator[tuple[int, str]]:
+    """Start `rollserve serve` on a free port; yields (port, startup line); stops it afterwards."""
+    command = [sys.executable, "-m", "rollserve.cli", "serve", "--policy", SPEC, "--port", "0", *args]
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    try:
+        try:
+            line = lines.get(timeout=90)
+        except queue.Empty:
+            pytest.fail(f"server did not start:\n{(tmp_path / 'serve.log').read_text()}")
+        match = READY.search(line)
+        assert match, line
+        yield int(match.group(1)), line
+    finally:
+        proc.terminate()
+        try:
+            # uvicorn shuts down gracefully, then re-raises SIGTERM (exit status -15).
+            assert proc.wait(20) in (0, -15)
+            assert "Application shutdown complete" in (tmp_path / "serve.log").read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
+
+
+def _droid_openpi_obs() -> dict[str, object]:
+    rng = np.random.default_rng(3)
+    return {
+        "observation/exterior_image_1_left": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+        "observation/wrist_image_left": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+        "observation/joint_position": rng.random(7),
+        "observation/gripper_position": rng.random(1),
+        "prompt": "pick up the marker",
+    }
+
+
+def _images() -> dict[str, np.ndarray]:
+    return {cam: np.zeros((32, 32, 3), np.uint8) for cam in CAMERAS}
+
+
+def test_serve_drives_our_client_and_openpi_client(tmp_path: Path) -> None:
+    with rollserve_serve(tmp_path, "--max-batch", "4", "--rtc-horizon", "6") as (port, line):
+        assert "droid-chunk-policy" in line and "rtc horizon 6" in line and "no api key" in line
+        base = f"127.0.0.1:{port}"
+        assert httpx.get(f"http://{base}/healthz").status_code == 200
+        models = httpx.get(f"http://{base}/v1/models").json()["data"]
+        assert models[0]["id"] == "droid-chunk-policy" and models[0]["execution_horizon"] == 6
+
+        with PolicyClient(f"ws://{base}/v1/policy/ws") as client:
+            ack = client.open_session(state_dim=8, camera_names=CAMERAS)
+            assert ack.execution_horizon == 6 and ack.chunk_size == 10
+            chunk = client.predict(np.zeros(8, np.float32), _images(), task="pick")
+            assert chunk.chunk_robot.shape == (10, 8)
+
+        config = EngineConfig(fps=30.0)
+        with RemoteInferenceEngine(f"ws://{base}/v1/policy/ws", config, camera_names=CAMERAS) as engine:
+            observation = {"state": np.ones(8, np.float32), "images": _images()}
+            assert engine.run_cycle(observation, delay=0)
+            engine.get_action()
+            assert engine.run_cycle(observation, delay=1) and engine.queue.qsize() == 9
+
+        openpi = WebsocketClientPolicy("127.0.0.1", port)
+        assert openpi.get_server_metadata()["state_dim"] == 8
+        result = openpi.infer(_droid_openpi_obs())
+        assert result["actions"].shape == (10, 8) and "infer_ms" in result["server_timing"]
+
+
+def test_serve_with_api_key(tmp_path: Path) -> None:
+    with rollserve_serve(tmp_path, "--api-key", "k3y", "--openpi-layout", "droid") as (port, line):
+        assert "api key required" in line
+        base = f"127.0.0.1:{port}"
+        assert httpx.get(f"http://{base}/healthz").status_code == 200
+        assert httpx.get(f"http://{base}/v1/models").status_code == 401
+        assert (
+            httpx.get(f"http://{base}/v1/models", headers={"Authorization": "Api-Key k3y"}).status_code == 200
+        )
+
+        with pytest.raises(PolicyConnectionError, match="API key"):
+            PolicyClient(f"ws://{base}/v1/policy/ws").connect()
+        with PolicyClient(f"ws://{base}/v1/policy/ws", api_key="k3y") as client:
+            client.open_session()
+            assert client.predict(np.zeros(8, np.float32), _images()).chunk_model.shape == (10, 8)
+
+        with pytest.raises(websockets.exceptions.InvalidStatus):
+            WebsocketClientPolicy("127.0.0.1", port, api_key="wrong")
+        openpi = WebsocketClientPolicy("127.0.0.1", port, api_key="k3y")
+        assert openpi.infer(_droid_openpi_obs())["actions"].shape == (10, 8)
+
+
+def test_serve_policy_and_world_together(tmp_path: Path) -> None:
+    with rollserve_serve(tmp_path, "--world", "toy") as (port, line):
+        assert "rollouts at /v1/realtime/sessions" in line
+        kinds = [m["kind"] for m in httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]]
+        assert kinds[0] == "policy" and "world" in kinds
+
+
+def test_bad_policy_spec_fails_with_a_clear_message(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["serve", "--policy", "no_such_module_xyz:make", "--port", "0"]) == 2
+    assert "no module named 'no_such_module_xyz'" in capsys.readouterr().err
+    assert cli_main(["serve", "--port", "0"]) == 2
+    assert "--policy" in capsys.readouterr().err
+
+
+def test_policy_args_parse_json_or_text() -> None:
+    assert parse_policy_args(["latency_s=0.05", "name=x", 'camera_names=["a"]']) == {
+        "latency_s": 0.05,
+        "name": "x",
+        "camera_names": ["a"],
+    }
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_policy_args(["oops"])
