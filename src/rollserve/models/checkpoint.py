@@ -38,6 +38,7 @@ def save_flow_policy(policy: FlowMatchingPolicy, path: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in policy.net.state_dict().items()}
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": FORMAT})
+    (out / WEIGHTS_FILE).chmod(0o644)  # safetensors writes 0600; a shipped file must be readable by all
     config = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,

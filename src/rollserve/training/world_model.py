@@ -138,8 +138,8 @@ def fit(
     net.in_mean.copy_(feats.mean(0))
     net.in_std.copy_(_std_floor(feats.std(0)))
     net.out_mean.copy_(target.mean(0))
-    net.out_std.copy_(_std_floor(target.std(0)))
-    target_n = (target - net.out_mean) / net.out_std
+    net.out_std.copy_(target.std(0).where(target.std(0) > 1e-6, 0.0))  # 0: never changes (the target)
+    target_n = (target - net.out_mean) / _std_floor(net.out_std)
     gen = torch.Generator().manual_seed(seed)
     net.train()
     opt = torch.optim.AdamW(net.mlp.parameters(), lr=2e-3, weight_decay=1e-5)
@@ -162,7 +162,7 @@ def _fit_unrolled(
     horizon = actions.shape[1]
     opt = torch.optim.AdamW(net.mlp.parameters(), lr=3e-4, weight_decay=1e-5)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, iterations)
-    e = net.config.ensemble
+    e, scale = net.config.ensemble, _std_floor(net.out_std)
     for _ in range(iterations):
         ep = torch.randint(len(episodes), (e, batch), generator=gen)
         t0 = torch.randint(horizon - unroll, (e, batch), generator=gen)
@@ -173,7 +173,7 @@ def _fit_unrolled(
             x = (net.features(state, change, actions[ep, t0 + k]) - net.in_mean) / net.in_std
             change = net.denormalise(net.mlp(x))
             state = state + change
-            loss = loss + torch.mean(((state - states[ep, t0 + k + 1]) / net.out_std) ** 2)
+            loss = loss + torch.mean(((state - states[ep, t0 + k + 1]) / scale) ** 2)
         _descend(opt, loss / unroll)
         sched.step()
 
@@ -185,7 +185,7 @@ def _descend(opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
 
 
 def _std_floor(std: torch.Tensor) -> torch.Tensor:
-    """Features that never vary (the target's position) are left unscaled."""
+    """Quantities that never vary (the target's position) are left unscaled."""
     return torch.where(std < 1e-6, torch.ones_like(std), std)
 
 
@@ -194,7 +194,7 @@ def horizon_errors(world: LearnedWorld, episodes: list[Episode]) -> dict[str, An
     starts = world.initial_states([WorldInit(seed=ep.seed) for ep in episodes])
     states = [out.state for out in starts]  # type: ignore[union-attr]
     length = min(len(ep.actions) for ep in episodes)
-    joint, gripper, cube, reward = [], [], [], []
+    joint, gripper, cube, reward, agree = [], [], [], [], []
     for t in range(length):
         outs = world.step_batch(
             [WorldStep(st, ep.actions[t]) for st, ep in zip(states, episodes, strict=True)]
@@ -205,7 +205,10 @@ def horizon_errors(world: LearnedWorld, episodes: list[Episode]) -> dict[str, An
         joint.append(np.sqrt(np.mean((pred[:, :7] - true[:, :7]) ** 2, axis=1)))
         gripper.append(np.abs(pred[:, 7] - true[:, 7]))
         cube.append(np.linalg.norm(pred[:, 8:11] - true[:, 8:11], axis=1))
-        reward.append(np.abs(np.array([o.reward for o in outs]) - [ep.rewards[t] for ep in episodes]))  # type: ignore[union-attr]
+        rewards = np.array([o.reward for o in outs])  # type: ignore[union-attr]
+        true_rewards = np.array([ep.rewards[t] for ep in episodes])
+        reward.append(np.abs(rewards - true_rewards))
+        agree.append((rewards > 5.0) == (true_rewards > 5.0))  # the success bonus is 10
     table = {}
     for h in (h for h in HORIZONS if h <= length):
         table[str(h)] = {
@@ -214,6 +217,7 @@ def horizon_errors(world: LearnedWorld, episodes: list[Episode]) -> dict[str, An
             "cube_pos_err_m": float(np.mean(cube[h - 1])),
             "cube_pos_err_m_p90": float(np.percentile(cube[h - 1], 90)),
             "reward_abs_err": float(np.mean(reward[h - 1])),
+            "success_agreement": float(np.mean(agree[h - 1])),
         }
     return {"episodes": len(episodes), "horizon_steps": table}
 
