@@ -169,22 +169,24 @@ def start_servers(model: str, max_wait_ms: float) -> dict[str, ServerProcess]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="shorter points, one repeat (about 2 min)")
+    parser.add_argument("--quick", action="store_true", help="1.5 s points, 3 repeats (about 4 min)")
     parser.add_argument("--model", choices=[*MODELS, "both"], default="both")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--duration", type=float, default=None, help="seconds per point")
     parser.add_argument("--repeats", type=int, default=None, help="repeats per point (median reported)")
     parser.add_argument("--max-wait-ms", type=float, default=2.0, help="rollserve's batching window")
     args = parser.parse_args(argv)
-    duration = args.duration or (2.0 if args.quick else 4.0)
-    repeats = args.repeats or (1 if args.quick else 3)
+    duration = args.duration or (1.5 if args.quick else 4.0)
+    repeats = args.repeats or (3 if args.quick else 5)
     models = list(MODELS) if args.model == "both" else [args.model]
 
     results: dict[str, Any] = {"duration_s": duration, "repeats": repeats, "models": {}}
     pool = RobotPool(max(args.clients))
     try:
         for model in models:
-            results["models"][model] = run_model(model, pool, args.clients, duration, repeats, args.max_wait_ms)
+            results["models"][model] = run_model(
+                model, pool, args.clients, duration, repeats, args.max_wait_ms
+            )
     finally:
         pool.close()
     emit_json("many_robots", results)
@@ -230,7 +232,15 @@ def run_model(
             cell = table[name][n]
             cell["x_peer"] = cell["requests_per_s"] / peer_rate if peer_rate else float("nan")
             rows.append(
-                [n, name, cell["requests_per_s"], cell["x_peer"], cell["p50_ms"], cell["p99_ms"], cell["mean_batch"]]
+                [
+                    n,
+                    name,
+                    cell["requests_per_s"],
+                    cell["x_peer"],
+                    cell["p50_ms"],
+                    cell["p99_ms"],
+                    cell["mean_batch"],
+                ]
             )
     spec, kwargs = MODELS[model]
     calls = ", ".join(f"batch {b}: {ms:.1f} ms" for b, ms in calibration.items())

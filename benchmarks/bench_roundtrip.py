@@ -2,7 +2,8 @@
 
 rollserve's session protocol (``PolicyClient``) and its openpi-compatible endpoint
 (``openpi_client.WebsocketClientPolicy``) vs the ``openpi-server`` package driven by the same openpi
-client. Every server runs in its own subprocess with the same numpy policy (``droid_policy``: DROID
+client. rollserve runs twice: with its default batching window (``--max-wait-ms 2``) and without
+one. Every server runs in its own subprocess with the same numpy policy (``droid_policy``: DROID
 state, two 224x224 cameras), so the client never shares a GIL with a server. The variants are
 measured in interleaved rounds, so background load hits them alike; ratios are against
 openpi-server in the same run.
@@ -50,19 +51,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--requests", type=int, default=None, help="requests per variant per round")
     parser.add_argument("--cameras", type=int, default=2, help="camera images per observation (0-2)")
     parser.add_argument("--side", type=int, default=224, help="image height and width")
-    parser.add_argument("--max-wait-ms", type=float, default=2.0, help="rollserve's batching window")
+    parser.add_argument(
+        "--max-wait-ms", type=float, default=2.0, help="batching window of the first rollserve (its default)"
+    )
     args = parser.parse_args(argv)
-    rounds = args.rounds or (5 if args.quick else 10)
-    count = args.requests or (100 if args.quick else 300)
+    rounds = args.rounds or (7 if args.quick else 10)
+    count = args.requests or (150 if args.quick else 300)
 
     obs = make_observation(args.cameras, args.side)
     policy_args = {"camera_names": list(obs.images)}
     with ExitStack() as stack:
-        rollserve = stack.enter_context(running(start_rollserve(POLICY, policy_args, max_wait_ms=args.max_wait_ms)))
+        default = stack.enter_context(
+            running(start_rollserve(POLICY, policy_args, max_wait_ms=args.max_wait_ms))
+        )
+        no_window = stack.enter_context(running(start_rollserve(POLICY, policy_args, max_wait_ms=0.0)))
         peer = stack.enter_context(running(start_openpi_server(POLICY, policy_args)))
         robots = {
-            "rollserve session protocol": SessionRobot(rollserve.port, obs),
-            "rollserve openpi endpoint": OpenpiRobot(rollserve.port, obs),
+            "rollserve session protocol": SessionRobot(default.port, obs),
+            "rollserve openpi endpoint": OpenpiRobot(default.port, obs),
+            "rollserve session, --max-wait-ms 0": SessionRobot(no_window.port, obs),
+            "rollserve openpi, --max-wait-ms 0": OpenpiRobot(no_window.port, obs),
             PEER: OpenpiRobot(peer.port, obs),
         }
         for robot in robots.values():

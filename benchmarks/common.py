@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 console = Console(stderr=False)
+TABLES: list[dict[str, Any]] = []  # every table printed so far; emit_json carries them (run_all's markdown)
 
 
 def median_seconds(fn: Callable[[], Any], *, repeats: int, inner: int) -> float:
@@ -49,19 +50,42 @@ def machine_description() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "machine": platform.machine(),
         "processor": platform.processor() or "unknown",
+        "cpu_model": _cpu_model(),
+        "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def format_cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+    return str(value)
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     table = Table(title=title)
     for column in columns:
         table.add_column(column, justify="right" if column != columns[0] else "left")
-    for row in rows:
-        table.add_row(*(f"{v:.3g}" if isinstance(v, float) else str(v) for v in row))
+    cells = [[format_cell(v) for v in row] for row in rows]
+    for row in cells:
+        table.add_row(*row)
     console.print(table)
+    TABLES.append({"title": title, "columns": list(columns), "rows": cells})
 
 
 def emit_json(name: str, results: dict[str, Any]) -> None:
     """The last line of every benchmark: machine-readable results."""
-    sys.stdout.write(json.dumps({"benchmark": name, "machine": machine_description(), **results}) + "\n")
+    line = {"benchmark": name, "machine": machine_description(), **results, "tables": list(TABLES)}
+    TABLES.clear()
+    sys.stdout.write(json.dumps(line) + "\n")
     sys.stdout.flush()

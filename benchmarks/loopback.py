@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -69,6 +70,16 @@ def _policy_arg_flags(policy_args: dict[str, Any]) -> list[str]:
     return flags
 
 
+def rollserve_command() -> list[str]:
+    """How to run rollserve's CLI: ``python -m rollserve.cli``, or ``$ROLLSERVE_BENCH_CLI`` (a command
+    line, e.g. ``python patched_cli.py``) to A/B a server change without touching the tree."""
+    override = os.environ.get("ROLLSERVE_BENCH_CLI")
+    if not override:
+        return [sys.executable, "-m", "rollserve.cli"]
+    command = shlex.split(override)
+    return [sys.executable, *command[1:]] if command[0] in ("python", "python3") else command
+
+
 def start_rollserve(
     policy: str | None = None,
     policy_args: dict[str, Any] | None = None,
@@ -78,8 +89,7 @@ def start_rollserve(
     max_wait_ms: float = 2.0,
 ) -> ServerProcess:
     """``rollserve serve --port 0`` in a subprocess; returns once it prints its address."""
-    command = [sys.executable, os.environ.get("XX_SERVE", "-m rollserve.cli"), "serve", "--port", "0", "--log-level", "warning"]
-    command = [sys.executable, *command[1].split(), *command[2:]]
+    command = [*rollserve_command(), "serve", "--port", "0", "--log-level", "warning"]
     if policy:
         command += ["--policy", policy, *_policy_arg_flags(policy_args or {})]
         command += ["--max-batch", str(max_batch), "--max-wait-ms", str(max_wait_ms)]
@@ -228,7 +238,9 @@ def serve_openpi(policy_spec: str, policy_args: dict[str, Any], port: int) -> No
 
     policy = load_policy(policy_spec, **policy_args)
     metadata = policy.metadata.to_dict()
-    WebsocketPolicyServer(OpenpiPolicyAdapter(policy), host="127.0.0.1", port=port, metadata=metadata).serve_forever()
+    WebsocketPolicyServer(
+        OpenpiPolicyAdapter(policy), host="127.0.0.1", port=port, metadata=metadata
+    ).serve_forever()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -3,5 +3,6 @@
 The pieces, one job each: ``netdelay`` (a loopback proxy that adds network delay), ``strategies``
 (synchronous, asynchronous, asynchronous with RTC, on the shared inference loop), ``robot`` (the
 real-time control loop), ``simtime`` (the same loop in simulated time, for the delay sweep),
-``metrics``, ``report``, ``plots``, ``video`` and ``runner`` (the CLI).
+``recording`` (every request's timings), ``metrics``, ``progress``, ``report``, ``plots``,
+``video`` and ``runner`` (the CLI).
 """

@@ -47,7 +47,9 @@ class DelayProxy:
             loop = asyncio.new_event_loop()
             self._loop = loop
             try:
-                self._server = loop.run_until_complete(asyncio.start_server(self._accept, self.host, self.port))
+                self._server = loop.run_until_complete(
+                    asyncio.start_server(self._accept, self.host, self.port)
+                )
                 self.port = self._server.sockets[0].getsockname()[1]
             except BaseException as exc:  # reported to start()'s caller
                 errors.append(exc)

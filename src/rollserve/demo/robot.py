@@ -90,6 +90,7 @@ def run_realtime_episode(
         delay = started + tick * dt - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-    trace.seconds = time.perf_counter() - started
+    # The last tick lasts its whole period too: an on-time episode of n ticks takes n * dt.
+    trace.seconds = max(time.perf_counter(), started + trace.ticks * dt) - started
     trace.chunks = engine.queue.forget_merged()
     return trace

@@ -46,7 +46,9 @@ class SimulatedRobot:
         self.source = RecordingSource(
             LocalChunkSource(policy, execution_horizon=execution_horizon), in_flight=self._in_flight
         )
-        config = engine_config(strategy, fps=fps, refill_margin=refill_margin, execution_horizon=execution_horizon)
+        config = engine_config(
+            strategy, fps=fps, refill_margin=refill_margin, execution_horizon=execution_horizon
+        )
         self.engine = StrategyEngine(self.source, config, strategy, sync_steps=sync_steps)
         self.engine.connect()
         self._flight_steps = 0

@@ -127,7 +127,9 @@ class StrategyEngine(InferenceEngine):
             self.queue.expire_after(self.sync_steps)
 
 
-def engine_config(strategy: Strategy, *, fps: float, refill_margin: int, execution_horizon: int) -> EngineConfig:
+def engine_config(
+    strategy: Strategy, *, fps: float, refill_margin: int, execution_horizon: int
+) -> EngineConfig:
     """The loop's knobs for a strategy.
 
     Asynchronous strategies use the RTC queue (the new chunk replaces the old from index ``d``)

@@ -234,10 +234,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ensemble", type=int, default=5)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--depth", type=int, default=2)
-    parser.add_argument("--iterations", type=int, default=8000)
+    parser.add_argument("--iterations", type=int, default=6000)
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--unroll", type=int, default=8, help="steps of the multi-step phase")
-    parser.add_argument("--unroll-iterations", type=int, default=1500, help="0 skips the multi-step phase")
+    parser.add_argument("--unroll", type=int, default=12, help="steps of the multi-step phase")
+    parser.add_argument("--unroll-iterations", type=int, default=3000, help="0 skips the multi-step phase")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument(

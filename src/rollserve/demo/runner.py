@@ -1,0 +1,318 @@
+"""`rollserve demo`: serve the built-in policy, drive the simulated arm over a delayed link, compare.
+
+The server runs in this process on an ephemeral loopback port; the robot is a *remote* client of
+it, through a proxy that adds ``--delay-ms`` of round-trip network delay, on the real session
+websocket, at the task's control rate on the wall clock. Each strategy runs the same seeded
+episodes; the closing table's figures are repeated as one JSON object on the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from rollserve.demo.metrics import EpisodeTrace, summarize
+from rollserve.demo.strategies import STRATEGIES, Strategy, StrategyEngine, engine_config
+
+DEFAULT_POLICY = "rollserve.models.flow_policy:load_default"
+DEFAULT_DELAY_MS = 200.0
+DEFAULT_EPISODES = 5
+DEFAULT_REFILL_MARGIN = 4
+DEFAULT_SYNC_STEPS = 8
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--episodes", type=int, default=DEFAULT_EPISODES, help="episodes per strategy")
+    parser.add_argument(
+        "--delay-ms", type=float, default=DEFAULT_DELAY_MS,
+        help=f"added network round trip, half each way (default {DEFAULT_DELAY_MS:.0f})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--strategies", default="sync,async,rtc",
+        help="comma-separated subset of sync, async, rtc (default: all three)",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="first episode seed (episode i uses seed + i)")
+    parser.add_argument(
+        "--out", default="rollserve-demo", help="folder for the plot (default ./rollserve-demo)"
+    )
+    parser.add_argument(
+        "--video",
+        metavar="PATH",
+        help="record the first episode of the RTC strategy (.gif; .mp4 with imageio-ffmpeg)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="no live progress; only the table and the JSON line"
+    )
+    parser.add_argument(
+        "--policy", default=DEFAULT_POLICY, metavar="SPEC", help="policy factory 'module:factory'"
+    )
+    parser.add_argument(
+        "--policy-arg", metavar="KEY=VALUE", action="append", default=[], help="policy factory argument"
+    )
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="episode time limit in control ticks (default: the task's 120)",
+    )
+    parser.add_argument(
+        "--refill-margin", type=int, default=DEFAULT_REFILL_MARGIN,
+        help="async: ask for the next chunk when <= expected delay + this many actions are left",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sync-steps", type=int, default=DEFAULT_SYNC_STEPS, help="sync: actions executed per chunk"
+    )
+    parser.add_argument(
+        "--rtc-horizon", type=int, default=None,
+        help="server's RTC execution horizon (default: refill margin + the smallest possible delay in steps)",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    policy: str
+    policy_kwargs: dict[str, Any]
+    strategies: tuple[Strategy, ...]
+    episodes: int
+    seed: int
+    delay_ms: float
+    fps: float
+    max_steps: int
+    refill_margin: int
+    sync_steps: int
+    rtc_horizon: int
+    out: Path
+    video: str | None
+    quiet: bool
+
+    @property
+    def seeds(self) -> list[int]:
+        return [self.seed + i for i in range(self.episodes)]
+
+    @property
+    def video_strategy(self) -> str:
+        names = [s.name for s in self.strategies]
+        return "rtc" if "rtc" in names else names[0]
+
+
+def config_from_args(args: argparse.Namespace) -> DemoConfig:
+    from rollserve.server.launch import parse_policy_args
+    from rollserve.sim.layout import CONTROL_HZ, MAX_EPISODE_STEPS
+
+    names = [name.strip() for name in args.strategies.split(",") if name.strip()]
+    unknown = [name for name in names if name not in STRATEGIES]
+    if unknown or not names:
+        raise ValueError(f"--strategies: unknown {unknown}; choose from {', '.join(STRATEGIES)}")
+    if args.episodes < 1 or args.delay_ms < 0 or args.refill_margin < 0 or args.sync_steps < 1:
+        raise ValueError("--episodes and --sync-steps must be >= 1; --delay-ms and --refill-margin >= 0")
+    fps = float(CONTROL_HZ)
+    min_delay_steps = max(1, math.ceil(args.delay_ms / 1000.0 * fps - 1e-9))
+    return DemoConfig(
+        policy=args.policy,
+        policy_kwargs=parse_policy_args(args.policy_arg),
+        strategies=tuple(STRATEGIES[name] for name in dict.fromkeys(names)),
+        episodes=args.episodes,
+        seed=args.seed,
+        delay_ms=args.delay_ms,
+        fps=fps,
+        max_steps=args.max_steps or MAX_EPISODE_STEPS,
+        refill_margin=args.refill_margin,
+        sync_steps=args.sync_steps,
+        # The server pads a shorter prefix with zero rows up to its horizon; an async client always
+        # has at least (smallest delay + margin) actions left when it asks, so no row is padding.
+        rtc_horizon=args.rtc_horizon or args.refill_margin + min_delay_steps,
+        out=Path(args.out),
+        video=args.video,
+        quiet=args.quiet,
+    )
+
+
+@dataclass
+class StrategyRun:
+    traces: list[EpisodeTrace]
+    round_trips_ms: list[float]
+    inference_ms: list[float]
+
+
+def run_strategy(config: DemoConfig, strategy: Strategy, url: str, progress: Any) -> StrategyRun:
+    """All episodes of one strategy, on its own session, with the engine's background thread."""
+    from rollserve.client.remote_engine import RemoteChunkSource
+    from rollserve.demo.recording import RecordingSource
+    from rollserve.demo.robot import run_realtime_episode
+    from rollserve.sim.env import TabletopPickPlaceEnv
+    from rollserve.sim.layout import ACTION_NAMES, STATE_DIM
+
+    remote = RemoteChunkSource(
+        url, robot_type="panda-sim", action_names=ACTION_NAMES, state_dim=STATE_DIM, fps=config.fps,
+        rtc_enabled=strategy.send_prefix,
+    )  # fmt: skip
+    source = RecordingSource(remote)
+    engine_settings = engine_config(
+        strategy, fps=config.fps, refill_margin=config.refill_margin, execution_horizon=config.rtc_horizon
+    )
+    engine = StrategyEngine(source, engine_settings, strategy, sync_steps=config.sync_steps)
+    env = TabletopPickPlaceEnv(max_episode_steps=config.max_steps)
+    traces: list[EpisodeTrace] = []
+    progress.begin_strategy(strategy.label, config.episodes)
+    try:
+        engine.start()
+        for index, seed in enumerate(config.seeds):
+            record = config.video is not None and index == 0 and strategy.name == config.video_strategy
+            trace = run_realtime_episode(
+                engine, env, seed, fps=config.fps, record_snapshots=record, on_tick=progress.tick
+            )
+            traces.append(trace)
+            progress.end_episode(trace)
+    finally:
+        engine.stop()
+        env.close()
+    round_trips, inference = source.take()
+    return StrategyRun(traces, round_trips, inference)
+
+
+def warm_up(policy: Any, horizon: int) -> None:
+    """One plain and one guided call before the clock starts: the first autograd pass is slow, and
+    a real server warms its model up too. Skipped quietly for a policy that needs more input."""
+    import numpy as np
+
+    meta = policy.metadata
+    batch = {"state": np.zeros(meta.state_dim, np.float32), "images": {}, "task": ""}
+    prefix = np.zeros((min(horizon, meta.chunk_size), meta.action_dim), np.float32)
+    try:
+        policy.predict_action_chunk(batch)
+        policy.predict_action_chunk(batch, inference_delay=1, prev_chunk_left_over=prefix)
+    except Exception:
+        pass
+
+
+def _one_torch_thread() -> None:
+    """The model is tiny: one intra-op thread leaves the other core to the robot, proxy and server."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
+def run_demo(config: DemoConfig, out: Console) -> dict[str, Any]:
+    """Serve, run every strategy, and return the JSON payload (also printing the table)."""
+    from rollserve.demo.netdelay import DelayProxy
+    from rollserve.demo.progress import LiveProgress
+    from rollserve.demo.report import results_table
+    from rollserve.server.app import create_app
+    from rollserve.server.policy_service import PolicyService
+    from rollserve.server.running import start_in_thread
+
+    started = time.perf_counter()
+    service = PolicyService.from_spec(
+        config.policy, policy_kwargs=config.policy_kwargs, execution_horizon=config.rtc_horizon
+    )
+    _one_torch_thread()
+    warm_up(service.policy, config.rtc_horizon)
+    server = start_in_thread(create_app(policy=service), "127.0.0.1", 0)
+    runs: dict[str, StrategyRun] = {}
+    try:
+        with DelayProxy("127.0.0.1", server.port, config.delay_ms) as proxy:
+            url = f"ws://127.0.0.1:{proxy.port}/v1/policy/ws"
+            if not config.quiet:
+                out.print(
+                    f"rollserve demo: policy {service.metadata.name!r} served at {server.ws_url}; the robot "
+                    f"connects through {proxy.address} (+{config.delay_ms:.0f} ms round trip), "
+                    f"{config.fps:.0f} Hz, {config.episodes} episode(s) per strategy, seeds "
+                    f"{config.seed}..{config.seed + config.episodes - 1}",
+                    highlight=False,
+                )
+            with LiveProgress(quiet=config.quiet) as progress:
+                for strategy in config.strategies:
+                    runs[strategy.name] = run_strategy(config, strategy, url, progress)
+    finally:
+        server.stop()
+    results = {
+        name: summarize(run.traces, round_trips_ms=run.round_trips_ms, inference_ms=run.inference_ms)
+        for name, run in runs.items()
+    }
+    labels = {s.name: s.label for s in config.strategies}
+    title = (
+        f"rollserve demo: {config.episodes} episode(s) per strategy, +{config.delay_ms:.0f} ms round trip, "
+        f"{config.fps:.0f} Hz"
+    )
+    out.print(results_table(results, labels, title))
+    artifacts = _write_artifacts(config, runs, labels, out)
+    return {
+        "demo": "rollserve",
+        "policy": config.policy,
+        "delay_ms": config.delay_ms,
+        "fps": config.fps,
+        "episodes": config.episodes,
+        "seeds": config.seeds,
+        "max_steps": config.max_steps,
+        "refill_margin": config.refill_margin,
+        "sync_steps": config.sync_steps,
+        "rtc_horizon": config.rtc_horizon,
+        "strategies": results,
+        **artifacts,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def _write_artifacts(
+    config: DemoConfig, runs: dict[str, StrategyRun], labels: dict[str, str], out: Console
+) -> dict[str, Any]:
+    from rollserve.demo.plots import plot_boundaries
+    from rollserve.demo.video import write_video
+
+    first = {name: run.traces[0] for name, run in runs.items()}
+    plot = plot_boundaries(
+        first, labels, config.out / "boundaries.png",
+        title=f"actions around chunk boundaries, +{config.delay_ms:.0f} ms round trip",
+    )  # fmt: skip
+    out.print(f"plot: {plot}")
+    video = None
+    if config.video is not None:
+        trace = first[config.video_strategy]
+        stalls = [action is None for action in trace.actions]
+        try:
+            video = write_video(trace.snapshots, stalls, config.video, config.fps)
+        except Exception as exc:  # no usable GL on this machine: keep the results, say why
+            out.print(f"video skipped: {type(exc).__name__}: {exc} (see docs/sim.md, rendering)")
+        else:
+            out.print(f"video ({labels[config.video_strategy]}, seed {trace.seed}): {video}")
+    return {"plot": str(plot), "video": None if video is None else str(video)}
+
+
+def main(args: argparse.Namespace) -> int:
+    from rollserve.demo.report import json_line
+
+    out = Console(highlight=False)
+    if not out.is_terminal:
+        out = Console(highlight=False, width=160)  # a pipe or file: don't squeeze the table into 80 columns
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"rollserve demo: {exc}", file=sys.stderr)
+        return 2
+    try:
+        payload = run_demo(config, out)
+    except Exception as exc:  # a refused session, a policy that fails to load, an unreachable server
+        print(f"rollserve demo failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.flush()
+    print(json_line(payload), flush=True)
+    return 0
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """``python -m rollserve.demo.runner [flags]``: the same as ``rollserve demo``."""
+    parser = argparse.ArgumentParser(prog="rollserve demo")
+    add_arguments(parser)
+    return main(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(run())
