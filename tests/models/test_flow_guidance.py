@@ -80,3 +80,24 @@ def test_guided_velocity_uses_beta_at_tau_zero(net: VelocityNet) -> None:
     out = guided_velocity(net, x, state, 0.0, prefix, weights, 7.0)
     assert torch.isfinite(out).all()
     np.testing.assert_equal(guidance_weight(0.0, 7.0), 7.0)
+
+
+def test_zero_padding_of_a_short_prefix_is_not_guided_toward() -> None:
+    """A 4-row prefix padded to the horizon guides like the 4 rows alone when prefix_steps says so."""
+    from rollserve.models.flow_policy import load_default
+    from rollserve.models.policy import PolicyRequest
+    from rollserve.rtc.prefix import normalize_prefix_length
+
+    policy = load_default()
+    state = np.zeros(policy.metadata.state_dim, np.float32)
+    real = np.full((4, policy.metadata.action_dim), 0.5, np.float32)
+    padded = normalize_prefix_length(real, policy.rtc.execution_horizon)
+    short, marked, unmarked = policy.predict_action_chunks(
+        [
+            PolicyRequest({"state": state, "seed": 3}, 2, real),
+            PolicyRequest({"state": state, "seed": 3}, 2, padded, prefix_steps=4),
+            PolicyRequest({"state": state, "seed": 3}, 2, padded),
+        ]
+    )
+    np.testing.assert_allclose(marked, short, atol=1e-5)
+    assert np.abs(unmarked[4:10]).mean() < np.abs(marked[4:10]).mean()  # pulled toward the zero rows

@@ -61,6 +61,7 @@ def test_prefix_is_padded_or_cut_to_the_execution_horizon(steps: int) -> None:
     np.testing.assert_array_equal(seen[:kept], prefix[:kept])
     assert not seen[kept:].any()
     assert policy.calls[0]["inference_delay"] == 3
+    assert policy.calls[0]["prefix_steps"] == kept  # the policy can tell real rows from padding
 
 
 def test_no_prefix_without_rtc_or_when_nothing_is_left() -> None:

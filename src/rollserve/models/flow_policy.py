@@ -174,7 +174,8 @@ class FlowMatchingPolicy:
         chunk_size, action_dim = self._chunk_shape
         if left_over.ndim != 2 or left_over.shape[1] != action_dim:
             raise ValueError(f"prefix must have shape (steps, {action_dim}), got {left_over.shape}")
-        horizon = min(self.rtc.execution_horizon, left_over.shape[0], chunk_size)
+        real_steps = left_over.shape[0] if request.prefix_steps is None else request.prefix_steps
+        horizon = min(self.rtc.execution_horizon, left_over.shape[0], real_steps, chunk_size)
         prefix = np.zeros((chunk_size, action_dim), np.float32)
         prefix[:horizon] = left_over[:horizon]
         weights = prefix_weights(

@@ -45,11 +45,16 @@ class PolicyMetadata:
 
 @dataclass
 class PolicyRequest:
-    """One pre-processed request, as handed to a batched policy."""
+    """One pre-processed request, as handed to a batched policy.
+
+    The server pads a short RTC prefix with zero rows to the execution horizon; ``prefix_steps``
+    says how many rows are real actions, so a policy can keep guidance off the padding.
+    """
 
     batch: PolicyBatch
     inference_delay: int = 0
     prev_chunk_left_over: np.ndarray | None = None
+    prefix_steps: int | None = None
 
 
 def _identity(value: Any) -> Any:

@@ -141,6 +141,7 @@ def _record(request: PolicyRequest) -> dict[str, Any]:
         "state": np.array(batch["state"], copy=True),
         "inference_delay": request.inference_delay,
         "prev_chunk_left_over": None if prefix is None else np.array(prefix, copy=True),
+        "prefix_steps": request.prefix_steps,
         "images": {name: hashlib.sha256(np.ascontiguousarray(img).tobytes()).hexdigest() for name, img in
                    batch.get("images", {}).items()},
         "task": batch.get("task", ""),

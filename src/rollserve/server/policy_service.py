@@ -158,12 +158,14 @@ class PolicyServer:
         self.validate(session, obs)
         observation = {"state": obs.state, "images": dict(obs.images), "task": obs.task or session.task}
         batch = session.processors.pre(observation)
-        return _Prepared(
-            item, PolicyRequest(batch, int(obs.inference_delay_steps), self._prefix(session, obs))
-        )
+        prefix = self._prefix(session, obs)
+        real_steps = None if prefix is None else min(len(prefix), self.execution_horizon)
+        padded = None if prefix is None else normalize_prefix_length(prefix, self.execution_horizon)
+        request = PolicyRequest(batch, int(obs.inference_delay_steps), padded, prefix_steps=real_steps)
+        return _Prepared(item, request)
 
     def _prefix(self, session: PolicySession, obs: ObservationMsg) -> np.ndarray | None:
-        """The model-space prefix padded or cut to the execution horizon; None without RTC."""
+        """The model-space prefix as sent (not yet padded or cut); None without RTC."""
         if not (session.rtc_enabled and self.metadata.supports_rtc):
             return None
         prefix = obs.prefix_model
@@ -176,7 +178,7 @@ class PolicyServer:
             prefix = np.asarray(to_model(obs.prefix_robot), dtype=np.float32)
         if prefix is None or prefix.shape[0] == 0:
             return None
-        return normalize_prefix_length(prefix, self.execution_horizon)
+        return prefix
 
     def _predict(self, requests: list[PolicyRequest]) -> list[Any]:
         if self.batched:
