@@ -245,7 +245,7 @@ def run_model(
     spec, kwargs = MODELS[model]
     calls = ", ".join(f"batch {b}: {ms:.1f} ms" for b, ms in calibration.items())
     print_table(
-        f"Many robots, model {model!r} ({calls} per call in-process), {duration:.0f} s per point, "
+        f"Many robots, model {model!r} ({calls} per call in-process), {duration:g} s per point, "
         f"median of {repeats}",
         ["robots", "server", "req/s", f"x {PEER}", "p50 ms", "p99 ms", "batch"],
         rows,

@@ -71,3 +71,17 @@ def test_vector_env_matches_independent_envs(url: str) -> None:
         venv.close()
         for env in envs:
             env.close()
+
+
+@pytest.mark.parametrize("world", ["sim", "learned"])
+def test_env_checker_passes_on_the_real_worlds(world: str) -> None:
+    from rollserve.models.worlds import load_world
+
+    settings = ServerSettings(max_batch_wait_ms=0.0)
+    with serving(create_app(settings, rollout=RolloutService(load_world(world), settings))) as server:
+        env = RolloutEnv(server.http_url)
+        try:
+            check_env(env, skip_render_check=True)
+            assert env.observation_space.shape == (13,) and env.action_space.shape == (8,)
+        finally:
+            env.close()

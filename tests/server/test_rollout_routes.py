@@ -125,6 +125,8 @@ def test_model_failure_is_a_500_that_commits_nothing(http: httpx.Client) -> None
 
 
 def test_unknown_model_is_404_and_create_with_chosen_id_is_idempotent(http: httpx.Client) -> None:
+    bad_seed = http.post("/v1/realtime/sessions", json={"model": "toy", "seed": -1})
+    assert bad_seed.status_code == 422 and bad_seed.json()["error"]["code"] == "invalid_request"
     resp = http.post("/v1/realtime/sessions", json={"model": "dreamzero"})
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "model_not_found"
     first = http.post("/v1/realtime/sessions", json={"model": "toy", "session_id": "routes-fixed"})
@@ -164,7 +166,11 @@ def test_msgpack_bodies_and_content_negotiation(http: httpx.Client) -> None:
     created = http.post("/v1/realtime/sessions", content=packb({"model": "toy", "seed": 2}), headers=headers)
     assert created.headers["content-type"] == MSGPACK
     sid = unpackb(created.content)["session_id"]
-    step = {**body(0), "action": {"joint_positions": np.full(7, 0.1, np.float32), "gripper_position": 0.5}}
+    step = {
+        **body(0),
+        "observation": {"images": {"wrist": np.zeros((4, 4, 3), np.uint8)}, "state": np.zeros(3, np.float32)},
+        "action": {"joint_positions": np.full(7, 0.1, np.float32), "gripper_position": 0.5},
+    }
     packed = http.post(url(sid, "step"), content=packb(step), headers=headers)
     assert packed.status_code == 200
     reply = unpackb(packed.content)
@@ -242,6 +248,16 @@ def test_capacity_is_503() -> None:
         create(client)
         resp = client.post("/v1/realtime/sessions", json={"model": "toy"})
         assert resp.status_code == 503 and resp.json()["error"]["code"] == "at_capacity"
+
+
+def test_metrics_count_rollout_requests_and_errors(http: httpx.Client) -> None:
+    sid = create(http)
+    http.post(url(sid, "step"), json=body(0))
+    http.post(url(sid, "step"), json=body(0))
+    text = http.get("/metrics").text
+    assert 'rollserve_requests_total{route="step"}' in text
+    assert 'rollserve_errors_total{code="step_already_committed",route="step"}' in text
+    assert 'rollserve_batch_size_count{kind="world"}' in text
 
 
 def test_models_endpoint_publishes_the_world_layout(http: httpx.Client) -> None:

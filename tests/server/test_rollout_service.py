@@ -461,6 +461,10 @@ async def test_batch_step_refuses_a_session_twice_and_replays_duplicates(service
     resp = await service.batch_step(BatchStepRequest(items=[item, item]))
     assert [r.status for r in resp.results] == ["ok", "error"]
     assert resp.results[1].error.code == "invalid_request"
+    assert resp.results[1].model_metadata.committed_step_id == 0
+    with pytest.raises(RolloutError) as err:
+        await service.batch_step(BatchStepRequest(items=[item] * (service.max_batch_items + 1)))
+    assert err.value.code == "invalid_request"
     retry = await service.batch_step(BatchStepRequest(items=[item]))
     assert retry.results[0].replayed
     assert retry.results[0].next_observation == resp.results[0].next_observation

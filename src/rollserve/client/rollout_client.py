@@ -117,7 +117,8 @@ class RolloutClient:
         for entry in worlds:
             if model is None or entry["id"] == model:
                 return entry
-        raise RolloutRequestError("model_not_found", f"the server serves no world {model or ''!r}".strip())
+        wanted = f"world {model!r}" if model else "world"
+        raise RolloutRequestError("model_not_found", f"the server serves no {wanted}")
 
     # -- sessions --------------------------------------------------------------------------------------
     def create_session(

@@ -13,7 +13,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from rollserve.client.rollout_client import RolloutClient, RolloutRequestError, StepCall, StepResult
+from rollserve.client.rollout_client import RolloutClient, RolloutRequestError, StepCall
 
 
 def spaces_of(entry: dict[str, Any]) -> tuple[spaces.Box, spaces.Box]:
@@ -97,7 +97,8 @@ class RolloutEnv(gym.Env[np.ndarray, np.ndarray]):
         return self._session.reset(seed), {}
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        result = self.client.step(*_call_args(self._session.call(np.asarray(action, dtype=np.float32))))
+        call = self._session.call(np.asarray(action, dtype=np.float32))
+        result = self.client.step(call.session_id, call.step_id, call.action)
         self._session.advance()
         truncated = self._session.elapsed >= self.max_episode_steps and not result.terminated
         return result.observation, result.reward, result.terminated, truncated, dict(result.info)
@@ -189,8 +190,4 @@ class RolloutVectorEnv(VectorEnv):
                 self.client.close()
 
 
-def _call_args(call: StepCall) -> tuple[str, int, Any]:
-    return call.session_id, call.step_id, call.action
-
-
-__all__ = ["RolloutEnv", "RolloutVectorEnv", "StepResult", "spaces_of"]
+__all__ = ["RolloutEnv", "RolloutVectorEnv", "spaces_of"]

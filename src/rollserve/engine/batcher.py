@@ -194,6 +194,7 @@ class BatchingWorker(Generic[Req, Res]):
                     pending.future.set_result(
                         Completed(result, started - pending.enqueued, run_s, batch_size=len(live))
                     )
+            del batch, live, results  # keep no request (or model state) alive between batches
 
 
 def _resolve(future: Future, error: BaseException) -> None:

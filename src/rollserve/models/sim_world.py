@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from rollserve.models.world import WorldInit, WorldOutput, WorldSpec, WorldStep
+from rollserve.models.world import WorldInit, WorldOutput, WorldSpec, WorldStep, per_item
 from rollserve.sim.env import TabletopPickPlaceEnv
 from rollserve.sim.layout import ACTION_NAMES, CONTROL_HZ, MAX_EPISODE_STEPS, STATE_NAMES
 from rollserve.sim.snapshot import EnvSnapshot
@@ -53,7 +52,7 @@ class SimWorld:
         )
 
     def initial_states(self, inits: Sequence[WorldInit]) -> list[WorldOutput | BaseException]:
-        return [_guarded(self._initial, init) for init in inits]
+        return per_item(self._initial, inits)
 
     def _initial(self, init: WorldInit) -> WorldOutput:
         if init.state is not None:
@@ -62,7 +61,7 @@ class SimWorld:
         return WorldOutput(state=SimState.of(self.env.get_snapshot()), observation=obs["state"], info=info)
 
     def step_batch(self, steps: Sequence[WorldStep]) -> list[WorldOutput | BaseException]:
-        return [_guarded(self._step, step) for step in steps]
+        return per_item(self._step, steps)
 
     def _step(self, step: WorldStep) -> WorldOutput:
         if not isinstance(step.state, SimState):
@@ -79,11 +78,3 @@ class SimWorld:
 
     def close(self) -> None:
         self.env.close()
-
-
-def _guarded(fn: Any, item: Any) -> WorldOutput | BaseException:
-    """One item's failure is that item's answer, not the batch's."""
-    try:
-        return fn(item)
-    except Exception as exc:
-        return exc

@@ -8,7 +8,7 @@ and a retried step starts from the same state as the first try.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -158,6 +158,17 @@ def run_world_calls(world: WorldModel, calls: Sequence[WorldCall]) -> list[World
         for (i, _), out in zip(steps, outs, strict=True):
             results[i] = out
     return [r if r is not None else RuntimeError("world call did nothing") for r in results]
+
+
+def per_item(fn: Callable[[Any], WorldOutput], items: Sequence[Any]) -> list[WorldOutput | BaseException]:
+    """``fn`` over ``items``, an item's exception becoming that item's answer (not the batch's)."""
+    outs: list[WorldOutput | BaseException] = []
+    for item in items:
+        try:
+            outs.append(fn(item))
+        except Exception as exc:
+            outs.append(exc)
+    return outs
 
 
 def _checked(outs: Sequence[WorldOutput | BaseException], expected: int) -> list[WorldOutput | BaseException]:

@@ -18,6 +18,7 @@ from rollserve.models.world import (
     WorldOutput,
     WorldSpec,
     WorldStep,
+    per_item,
 )
 
 _TOY_OBSERVATION = (*(f"joint_{i}" for i in range(7)), "gripper", *(f"target_{i}" for i in range(7)))
@@ -42,7 +43,7 @@ class ToyWorld:
     success_radius = 0.05
 
     def initial_states(self, inits: Sequence[WorldInit]) -> list[WorldOutput | BaseException]:
-        return [self._initial(init) for init in inits]
+        return per_item(self._initial, inits)
 
     def _initial(self, init: WorldInit) -> WorldOutput:
         if init.state is not None:

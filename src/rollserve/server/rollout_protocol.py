@@ -21,6 +21,7 @@ def _array_to_list(value: Any) -> Any:
 
 FloatList = Annotated[list[FiniteFloat], BeforeValidator(_array_to_list)]
 SessionId = Annotated[str, Field(pattern=SESSION_ID_PATTERN)]
+Seed = Annotated[int, Field(ge=0, lt=2**63)]
 
 
 class Observation(BaseModel):
@@ -61,7 +62,7 @@ class ErrorObject(BaseModel):
 class CreateSessionRequest(BaseModel):
     model: str
     mode: Literal["world_model_env"] = "world_model_env"
-    seed: int | None = Field(default=None, description="Seeds the initial state (rollserve).")
+    seed: Seed | None = Field(default=None, description="Seeds the initial state (rollserve).")
     session_id: SessionId | None = Field(
         default=None, description="Client-chosen id; creating it again returns the same session (rollserve)."
     )
@@ -96,7 +97,7 @@ class RolloutStepResponse(BaseModel):
 class ResetSessionRequest(BaseModel):
     """Optional body of ``reset`` (rollserve): where the new episode starts."""
 
-    seed: int | None = None
+    seed: Seed | None = None
     state: FloatList | None = None
 
 

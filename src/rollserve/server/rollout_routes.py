@@ -30,6 +30,7 @@ from rollserve.server.rollout_protocol import (
 from rollserve.server.rollout_store import RolloutError
 from rollserve.wire.codec import packb, unpackb
 from rollserve.wire.errors import FRAME_TOO_LARGE, WireError
+from rollserve.wire.limits import WireLimits
 
 if TYPE_CHECKING:
     from rollserve.server.rollout_service import RolloutService
@@ -164,7 +165,7 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> A
     return router
 
 
-async def _read(request: Request, limits: Any, *, optional: bool) -> Any:
+async def _read(request: Request, limits: WireLimits, *, optional: bool) -> Any:
     """The decoded body (a map), checked against the frame limit before it is parsed."""
     limit = limits.max_frame_bytes
     declared = request.headers.get("content-length")

@@ -143,6 +143,7 @@ class RolloutService:
             settings = ServerSettings()
         self.world = world
         self.settings = settings
+        self._started = int(time.time())
         self.max_batch_items = max_batch_items
         self.store = RolloutStore(settings.max_rollout_sessions, settings.rollout_idle_ttl_s, clock=clock)
         self.engine: BatchingWorker = BatchingWorker(
@@ -154,7 +155,7 @@ class RolloutService:
 
     # -- discovery and shutdown --------------------------------------------------------------------
     def describe_models(self) -> list[dict[str, Any]]:
-        return [self.world.spec.describe()]
+        return [{**self.world.spec.describe(), "created": self._started}]
 
     def close(self) -> None:
         self.engine.close()
@@ -276,6 +277,8 @@ class RolloutService:
             session = self.store.get(session_id)
         except RolloutError as exc:
             return self._refused(req.step_id, exc.code, exc.message, exc.committed_step_id, 0)
+        finally:
+            self._count_sessions()  # a lookup may expire idle sessions
         async with session.lock:
             planned = self._plan(session, req, started, raw_tensors)
             if isinstance(planned, RolloutStepResponse):
@@ -287,14 +290,15 @@ class RolloutService:
         """Many sessions' steps in one request and one engine batch; each item succeeds or fails alone."""
         started = time.perf_counter()
         items = req.items
+        if len(items) > self.max_batch_items:
+            raise RolloutError("invalid_request", f"batch_step takes at most {self.max_batch_items} items")
         answers: list[RolloutStepResponse | None] = [None] * len(items)
         sessions: dict[int, RolloutSession] = {}
         seen: set[str] = set()
+        repeated: list[int] = []
         for i, item in enumerate(items):
             if item.session_id in seen:
-                answers[i] = self._refused(
-                    item.step_id, "invalid_request", "a session may appear only once per batch_step", -1, 0
-                )
+                repeated.append(i)
                 continue
             seen.add(item.session_id)
             try:
@@ -314,6 +318,9 @@ class RolloutService:
             outcomes = await self._run([p.call for p in planned.values()]) if planned else []
             for (i, plan), outcome in zip(planned.items(), outcomes, strict=True):
                 answers[i] = self._finish(sessions[i], items[i], plan, outcome, raw_tensors)
+        for i in repeated:  # answered last, so they report the session as this batch left it
+            message = "a session may appear only once per batch_step"
+            answers[i] = self.refused_step(items[i].session_id, items[i].step_id, "invalid_request", message)
         results = []
         for item, answer in zip(items, answers, strict=True):
             assert answer is not None
@@ -513,8 +520,8 @@ def _start_from(inputs: dict[str, Any]) -> WorldInit | None:
     seed, state = inputs.get("seed"), inputs.get(START_STATE_KEY)
     if seed is None and state is None:
         return None
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ValueError("observation.extra.seed must be an integer")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+        raise ValueError("observation.extra.seed must be an integer in [0, 2**63)")
     start = None if state is None else np.asarray(state, dtype=np.float32).reshape(-1)
     return WorldInit(seed=seed, state=start)
 
@@ -529,8 +536,16 @@ def _next_observation(record: StepRecord, raw: bool) -> dict[str, Any]:
 
 
 def _fingerprint(req: RolloutStepRequest) -> str:
-    body = req.model_dump(mode="json")
-    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+    """What identifies a request's content, so a duplicate can be told from a different step."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, np.ndarray | np.generic):
+            array = np.asarray(value)
+            return [array.dtype.str, list(array.shape), hashlib.sha256(array.tobytes()).hexdigest()]
+        return repr(value)
+
+    body = json.dumps(req.model_dump(), sort_keys=True, default=plain)
+    return hashlib.sha256(body.encode()).hexdigest()
 
 
 def _finite(value: Any, name: str) -> float:
