@@ -2,9 +2,10 @@
 
 Each robot is its own process (spawned once, reused), sending its next observation as soon as the
 previous chunk arrives (closed loop, no think time), so the numbers are serving capacity. Every
-server runs in its own subprocess with one math thread and serves the same policy object:
+server runs in its own subprocess with one math thread and serves the same policy object, one of
+two models (``--model``; both by default):
 
-- ``gpu-like`` (default): ``chunk_policy(latency_s=0.01)``, a model call that takes 10 ms whatever the
+- ``gpu-like``: ``chunk_policy(latency_s=0.01)``, a model call that takes 10 ms whatever the
   batch size and leaves the CPU free meanwhile, as waiting on a GPU kernel does;
 - ``mlp``: ``wide_mlp``, real compute on this CPU (its cost still grows with the batch on a CPU:
   see the calibration line in the JSON).
@@ -232,15 +233,7 @@ def run_model(
             cell = table[name][n]
             cell["x_peer"] = cell["requests_per_s"] / peer_rate if peer_rate else float("nan")
             rows.append(
-                [
-                    n,
-                    name,
-                    cell["requests_per_s"],
-                    cell["x_peer"],
-                    cell["p50_ms"],
-                    cell["p99_ms"],
-                    cell["mean_batch"],
-                ]
+                [n, name, *(cell[k] for k in ("requests_per_s", "x_peer", "p50_ms", "p99_ms", "mean_batch"))]
             )
     spec, kwargs = MODELS[model]
     calls = ", ".join(f"batch {b}: {ms:.1f} ms" for b, ms in calibration.items())

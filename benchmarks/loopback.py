@@ -120,8 +120,12 @@ def free_port() -> int:
 
 def start_openpi_server(policy: str, policy_args: dict[str, Any] | None = None) -> ServerProcess:
     """The openpi-server peer in a subprocess; returns once ``/healthz`` answers."""
+    import importlib.util
+
     import httpx
 
+    if importlib.util.find_spec("openpi_server") is None:
+        raise RuntimeError('the openpi-server baseline is not installed: pip install -e ".[bench]"')
     port = free_port()
     command = [sys.executable, __file__, "--policy", policy, "--port", str(port)]
     command += _policy_arg_flags(policy_args or {})
@@ -135,8 +139,10 @@ def start_openpi_server(policy: str, policy_args: dict[str, Any] | None = None) 
             if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1.0).status_code == 200:
                 return server
         time.sleep(0.1)
+    died = process.poll() is not None
+    output = process.stdout.read() if died and process.stdout is not None else ""
     server.stop()
-    raise RuntimeError(f"openpi-server did not start on port {port}")
+    raise RuntimeError(f"openpi-server did not start on port {port}: {output[-500:]}")
 
 
 @contextlib.contextmanager

@@ -42,7 +42,7 @@ def test_roundtrip() -> None:
     )
     assert result["benchmark"] == "roundtrip"
     variants = result["variants"]
-    assert set(variants) == {"rollserve session protocol", "rollserve openpi endpoint", "openpi-server"}
+    assert {"rollserve session protocol", "rollserve openpi endpoint", "openpi-server"} <= set(variants)
     assert all(v["requests"] == 3 and v["p99_ms"] >= v["p50_ms"] > 0 for v in variants.values())
 
 

@@ -136,3 +136,39 @@ def test_close_rejects_new_work() -> None:
     worker.close()
     with pytest.raises(EngineClosed):
         worker.submit_future(1)
+
+
+async def test_a_lone_client_is_not_held_back_by_the_batch_wait() -> None:
+    worker = BatchingWorker(_doubling, max_batch_size=8, max_wait_s=30.0)  # a wait that would hang the test
+    try:
+        for i in range(3):
+            assert (await asyncio.wait_for(worker.submit(i), timeout=10)).value == 2 * i
+    finally:
+        worker.close()
+
+
+async def test_batch_wait_expects_the_clients_seen_last_time() -> None:
+    gate = threading.Event()
+    sizes: list[int] = []
+
+    def run(items: list[int]) -> list[int]:
+        gate.wait(5)
+        sizes.append(len(items))
+        return items
+
+    worker = BatchingWorker(run, max_batch_size=8, max_wait_s=2.0)
+    try:
+        first = worker.submit_future(0)
+        await asyncio.sleep(0.1)
+        queued = [worker.submit_future(i) for i in range(1, 4)]  # 3 arrive while the model runs
+        gate.set()
+        first.result(5)
+        [f.result(5) for f in queued]
+        assert sizes == [1, 3]
+        # The worker now expects 3 per batch: 2 requests wait for a third, which joins their batch.
+        later = [worker.submit_future(i) for i in (10, 11)]
+        await asyncio.sleep(0.05)
+        later.append(worker.submit_future(12))
+        assert [f.result(5).batch_size for f in later] == [3, 3, 3]
+    finally:
+        worker.close()

@@ -72,7 +72,9 @@ class BatchingWorker(Generic[Req, Res]):
     """Runs ``run_batch(items) -> results`` (one result or exception per item) in one thread.
 
     ``max_batch_size=1`` serves requests one at a time (still off the event loop). With a larger
-    size, the worker waits up to ``max_wait_s`` after the first request for more to join its batch.
+    size, the worker waits up to ``max_wait_s`` for more requests to join a batch, but only for as
+    many as it has reason to expect: the size of the previous batch plus what queued up while it
+    ran. A lone client is never delayed; a group of clients in lock-step is gathered into one call.
     """
 
     def __init__(
@@ -92,6 +94,8 @@ class BatchingWorker(Generic[Req, Res]):
         self._pending: deque[_Pending] = deque()
         self._cond = threading.Condition()
         self._closed = False
+        self._expected_batch = 1  # requests the next batch can expect (adapts to the live load)
+        self._free_since = 0.0  # when the model last finished; waiting for a batch starts then
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -161,9 +165,10 @@ class BatchingWorker(Generic[Req, Res]):
                 self._cond.wait()
             if self._closed:
                 return None
-            if self.max_batch_size > 1 and self.max_wait_s > 0:
-                deadline = self._pending[0].enqueued + self.max_wait_s
-                while len(self._pending) < self.max_batch_size and not self._closed:
+            wanted = min(self.max_batch_size, self._expected_batch)
+            if wanted > 1 and self.max_wait_s > 0:
+                deadline = max(self._pending[0].enqueued, self._free_since) + self.max_wait_s
+                while len(self._pending) < wanted and not self._closed:
                     remaining = deadline - time.perf_counter()
                     if remaining <= 0:
                         break
@@ -184,6 +189,9 @@ class BatchingWorker(Generic[Req, Res]):
             except BaseException as exc:  # the model failed as a whole: every item gets the error
                 results = [exc] * len(live)
             run_s = time.perf_counter() - started
+            with self._cond:
+                self._expected_batch = len(live) + len(self._pending)
+                self._free_since = time.perf_counter()
             self.stats.batches += 1
             self.stats.items += len(live)
             self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(live))

@@ -10,13 +10,11 @@ import importlib
 import json
 import logging
 import os
-import socket
 import sys
-import threading
-import time
 from typing import Any
 
 from rollserve.server.openpi_layouts import AUTO, LAYOUT_NAMES
+from rollserve.server.running import listening_socket
 from rollserve.server.settings import ServerSettings
 from rollserve.wire.limits import WireLimits
 
@@ -77,21 +75,6 @@ def _load_rollout(world_spec: str, settings: ServerSettings) -> Any:
     return service_module.RolloutService(worlds.load_world(world_spec), settings)
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    return socket.create_server((host, port), family=family)
-
-
-def _announce_when_started(server: Any, line: str) -> None:
-    def wait() -> None:
-        while not server.started and not server.should_exit:
-            time.sleep(0.02)
-        if server.started:
-            print(line, flush=True)
-
-    threading.Thread(target=wait, name="rollserve-announce", daemon=True).start()
-
-
 def _describe(policy: Any, rollout: Any, settings: ServerSettings, url: str) -> str:
     parts = [f"rollserve serving on {url}"]
     if policy is not None:
@@ -124,7 +107,7 @@ def main(args: argparse.Namespace) -> int:
         limits=WireLimits(max_frame_bytes=int(args.max_frame_mb * 1024 * 1024)),
     )
     try:
-        sock = _bind(args.host, args.port)
+        sock = listening_socket(args.host, args.port)
     except OSError as exc:
         print(f"rollserve serve: error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
@@ -146,15 +129,12 @@ def main(args: argparse.Namespace) -> int:
             policy.close()
         return 2
 
-    import uvicorn
-
     from rollserve.server.app import create_app
-    from rollserve.server.running import uvicorn_config
+    from rollserve.server.running import run_foreground
 
     app = create_app(settings, policy=policy, rollout=rollout)
     host, port = sock.getsockname()[:2]
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-    server = uvicorn.Server(uvicorn_config(app, host, port, log_level=args.log_level))
-    _announce_when_started(server, _describe(policy, rollout, settings, url))
-    server.run(sockets=[sock])
+    line = _describe(policy, rollout, settings, url)
+    run_foreground(app, sock, log_level=args.log_level, on_started=lambda: print(line, flush=True))
     return 0

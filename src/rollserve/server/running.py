@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import uvicorn
@@ -48,19 +49,42 @@ def uvicorn_config(app, host: str, port: int, log_level: str = "warning") -> uvi
     )
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP listening socket (port 0 picks a free one), made so replies are never Nagle-delayed.
+
+    The socket is created with ``IPPROTO_TCP`` explicitly: asyncio sets ``TCP_NODELAY`` only on
+    connections accepted from such a socket (``socket.create_server`` leaves the protocol 0), and
+    without it a reply written in two parts waits for the client's delayed ACK, about 40 ms.
+    """
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def start_in_thread(app, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0) -> RunningServer:  # type: ignore[no-untyped-def]
     """Start uvicorn on a thread and wait until it accepts connections."""
-    server = uvicorn.Server(uvicorn_config(app, host, port))
+    sock = listening_socket(host, port)
+    bound_port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn_config(app, host, bound_port))
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-    thread = threading.Thread(target=server.run, name="rollserve-uvicorn", daemon=True)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="rollserve-uvicorn", daemon=True
+    )
     thread.start()
     deadline = time.monotonic() + timeout
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             server.should_exit = True
-            raise RuntimeError(f"uvicorn failed to start on {host}:{port}")
+            sock.close()
+            raise RuntimeError(f"uvicorn failed to start on {host}:{bound_port}")
         time.sleep(0.01)
-    bound_port = server.servers[0].sockets[0].getsockname()[1]
     return RunningServer(server=server, thread=thread, host=host, port=bound_port)
 
 
@@ -74,6 +98,19 @@ def serving(app, host: str = "127.0.0.1", port: int = 0) -> Iterator[RunningServ
         running.stop()
 
 
-def run_foreground(app, host: str, port: int, log_level: str = "info") -> None:  # type: ignore[no-untyped-def]
-    """Block serving until Ctrl-C (the CLI path)."""
-    uvicorn.Server(uvicorn_config(app, host, port, log_level)).run()
+def run_foreground(  # type: ignore[no-untyped-def]
+    app, sock: socket.socket, log_level: str = "info", on_started: Callable[[], None] | None = None
+) -> None:
+    """Serve on an already bound socket until Ctrl-C (the CLI path); ``on_started`` runs once it accepts."""
+    host, port = sock.getsockname()[:2]
+    server = uvicorn.Server(uvicorn_config(app, host, port, log_level))
+    if on_started is not None:
+
+        def announce() -> None:
+            while not server.started and not server.should_exit:
+                time.sleep(0.02)
+            if server.started:
+                on_started()
+
+        threading.Thread(target=announce, name="rollserve-announce", daemon=True).start()
+    server.run(sockets=[sock])

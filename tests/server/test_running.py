@@ -1,0 +1,38 @@
+"""The one way the server listens: replies must not sit in Nagle's buffer."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import httpx
+
+from rollserve.server.app import create_app
+from rollserve.server.running import listening_socket, serving
+
+
+async def test_accepted_connections_get_tcp_nodelay() -> None:
+    """asyncio sets TCP_NODELAY only on connections accepted from an IPPROTO_TCP socket."""
+    sock = listening_socket("127.0.0.1", 0)
+    assert sock.proto == socket.IPPROTO_TCP
+    seen: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        writer.close()
+
+    server = await asyncio.start_server(handle, sock=sock)
+    async with server:
+        _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+        for _ in range(200):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        writer.close()
+    assert seen and seen[0] != 0
+
+
+def test_serving_binds_loopback_on_a_free_port_and_answers() -> None:
+    with serving(create_app()) as server:
+        assert server.host == "127.0.0.1" and server.port > 0
+        assert httpx.get(f"{server.http_url}/healthz").text == "OK\n"
