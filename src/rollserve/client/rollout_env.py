@@ -28,6 +28,17 @@ def _box(layout: dict[str, Any]) -> spaces.Box:
     return spaces.Box(low.copy(), high.copy(), dtype=np.float32)
 
 
+def _connect(
+    base_url: str | None, client: RolloutClient | None, model: str | None, api_key: str | None
+) -> tuple[RolloutClient, bool, dict[str, Any]]:
+    """The client to use (made here if none was given: then the env owns it) and the world's entry."""
+    if client is None and base_url is None:
+        raise ValueError("give base_url or client")
+    owned = client is None
+    client = client or RolloutClient(base_url, api_key=api_key)  # type: ignore[arg-type]
+    return client, owned, client.world(model)
+
+
 class _Session:
     """One remote session as an episode: its id, the next step id and the steps taken."""
 
@@ -74,11 +85,7 @@ class RolloutEnv(gym.Env[np.ndarray, np.ndarray]):
         max_episode_steps: int | None = None,
         api_key: str | None = None,
     ) -> None:
-        if client is None and base_url is None:
-            raise ValueError("give base_url or client")
-        self._owns_client = client is None
-        self.client = client or RolloutClient(base_url, api_key=api_key)  # type: ignore[arg-type]
-        entry = self.client.world(model)
+        self.client, self._owns_client, entry = _connect(base_url, client, model, api_key)
         self.model = entry["id"]
         self.observation_space, self.action_space = spaces_of(entry)
         self.max_episode_steps = max_episode_steps or int(entry.get("max_episode_steps", 200))
@@ -128,11 +135,7 @@ class RolloutVectorEnv(VectorEnv):
         max_episode_steps: int | None = None,
         api_key: str | None = None,
     ) -> None:
-        if client is None and base_url is None:
-            raise ValueError("give base_url or client")
-        self._owns_client = client is None
-        self.client = client or RolloutClient(base_url, api_key=api_key)  # type: ignore[arg-type]
-        entry = self.client.world(model)
+        self.client, self._owns_client, entry = _connect(base_url, client, model, api_key)
         self.num_envs = num_envs
         self.single_observation_space, self.single_action_space = spaces_of(entry)
         self.observation_space = batch_space(self.single_observation_space, num_envs)
