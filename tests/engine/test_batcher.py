@@ -88,6 +88,39 @@ async def test_per_item_errors_do_not_fail_the_batch() -> None:
         worker.close()
 
 
+async def test_submit_many_spanning_several_batches_returns_every_result_in_order() -> None:
+    worker = BatchingWorker(_doubling, max_batch_size=3)
+    try:
+        results = await worker.submit_many(list(range(10)))
+        assert [r.value for r in results] == [2 * i for i in range(10)]
+        assert await worker.submit_many([]) == []
+    finally:
+        worker.close()
+
+
+async def test_cancelled_submit_many_does_not_run_what_is_still_queued() -> None:
+    gate = threading.Event()
+    ran: list[int] = []
+
+    def run(items: list[int]) -> list[int]:
+        gate.wait(5)
+        ran.extend(items)
+        return _doubling(items)
+
+    worker = BatchingWorker(run, max_batch_size=1)
+    try:
+        task = asyncio.ensure_future(worker.submit_many([1, 2, 3]))
+        await asyncio.sleep(0.1)  # item 1 is running (waiting on the gate), 2 and 3 are queued
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        gate.set()
+        assert (await worker.submit(4)).value == 8
+        assert ran == [1, 4]
+    finally:
+        worker.close()
+
+
 async def test_model_crash_fails_every_item_but_worker_survives() -> None:
     calls = {"n": 0}
 

@@ -1,11 +1,16 @@
-"""The one way the server listens: replies must not sit in Nagle's buffer."""
+"""The one way the server runs: replies never sit in Nagle's buffer; freed frames are reused."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import platform
 import socket
+import subprocess
+import sys
 
 import httpx
+import pytest
 
 from rollserve.server.app import create_app
 from rollserve.server.running import listening_socket, serving
@@ -36,3 +41,15 @@ def test_serving_binds_loopback_on_a_free_port_and_answers() -> None:
     with serving(create_app()) as server:
         assert server.host == "127.0.0.1" and server.port > 0
         assert httpx.get(f"{server.http_url}/healthz").text == "OK\n"
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator only")
+@pytest.mark.parametrize(("env", "expected"), [({}, "True"), ({"MALLOC_TRIM_THRESHOLD_": "131072"}, "False")])
+def test_serve_keeps_freed_memory_unless_the_user_tuned_malloc(env: dict[str, str], expected: str) -> None:
+    """Process-wide, so checked in a fresh interpreter; the user's own MALLOC_* settings win."""
+    code = "from rollserve.server.running import keep_freed_memory; print(keep_freed_memory())"
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | env
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == expected

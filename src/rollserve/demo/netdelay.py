@@ -133,8 +133,8 @@ class DelayProxy:
                     if writer.can_write_eof():
                         writer.write_eof()
                     return
+                self.bytes_forwarded += len(data)  # counted first: the peer may read it at once
                 writer.write(data)
-                self.bytes_forwarded += len(data)
                 await writer.drain()
 
         deliverer = self._spawn(deliver())

@@ -64,9 +64,9 @@ def create_app(
 
         add_policy_routes(app, policy, settings)
     if rollout is not None:
-        from rollserve.server.rollout_routes import build_rollout_router
+        from rollserve.server.rollout_routes import ROUTE_PREFIX, build_rollout_router
 
-        app.include_router(build_rollout_router(rollout, settings))
+        app.mount(ROUTE_PREFIX, build_rollout_router(rollout, settings))
 
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     return app

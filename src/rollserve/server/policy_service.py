@@ -8,11 +8,9 @@ submit and reply.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -355,15 +353,13 @@ class PolicyService:
             )
         self.server.validate(session, obs)
         session.touch()
+        item = InferenceItem(session, header, obs)
         try:
-            future = self.worker.submit_future(
-                InferenceItem(session, header, obs), key=session.session_id, tag=header.seq_id
-            )
-        except EngineClosed as exc:
-            raise PolicyError(UNAVAILABLE, "the policy engine is shutting down", retryable=True) from exc
-        future.add_done_callback(lambda f: _note_if_superseded(f, session, header.seq_id))
-        try:
-            done = await asyncio.wrap_future(future)
+            done = await self.worker.submit(item, key=session.session_id, tag=header.seq_id)
+        except Superseded:
+            # Delivered on this loop before the newer request can finish: its reply reports it.
+            session.note_superseded(header.seq_id)
+            raise
         except EngineClosed as exc:
             raise PolicyError(UNAVAILABLE, "the policy engine is shutting down", retryable=True) from exc
         reply = done.value
@@ -403,9 +399,3 @@ class PolicyService:
         closer = getattr(self.policy, "close", None)
         if callable(closer):
             closer()
-
-
-def _note_if_superseded(future: Future, session: PolicySession, seq_id: int) -> None:
-    # Runs synchronously inside the newer request's submit, so the newer reply always reports it.
-    if not future.cancelled() and isinstance(future.exception(), Superseded):
-        session.note_superseded(seq_id)

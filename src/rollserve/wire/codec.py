@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -45,16 +45,15 @@ __all__ = [
 
 # -- encoding ----------------------------------------------------------------------------------------
 _HEADER_FIELDS = tuple(f.name for f in dataclasses.fields(MsgHeader))
+_CONVERTED_KINDS = frozenset({"header", "images", "array", "opt_array"})  # everything else goes as is
 
 
 def _wire_value(kind: str, value: Any, quality: int) -> Any:
     if kind == "header":
-        return {name: getattr(value, name) for name in _HEADER_FIELDS}
+        return vars(value)  # a plain dataclass: its __dict__ is exactly its fields
     if kind == "images":
         return {name: encode_image(image, quality) for name, image in value.items()}
-    if kind in ("array", "opt_array") and value is not None:
-        return np.asarray(value)
-    return value
+    return None if value is None else np.asarray(value)
 
 
 def encode_message(msg: Message) -> bytes:
@@ -62,7 +61,8 @@ def encode_message(msg: Message) -> bytes:
     quality = getattr(msg, "jpeg_quality", 0)
     body: dict[str, Any] = {"type": msg.TYPE}
     for name, kind in msg.WIRE_FIELDS.items():
-        body[name] = _wire_value(kind, getattr(msg, name), quality)
+        value = getattr(msg, name)
+        body[name] = _wire_value(kind, value, quality) if kind in _CONVERTED_KINDS else value
     return pack_frame(body)
 
 
@@ -71,36 +71,32 @@ def _bad(name: str, expected: str, value: Any) -> WireError:
     return WireError(BAD_FIELD, f"field {name!r} must be {expected}, got {type(value).__name__}")
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _header(value: Any) -> MsgHeader:
-    if not isinstance(value, dict):
-        raise _bad("header", "a map", value)
+def _header(field: str, value: Any, limits: WireLimits) -> MsgHeader:
+    if type(value) is not dict:
+        raise _bad(field, "a map", value)
     fields = {name: value[name] for name in _HEADER_FIELDS if name in value}
     for name, number in fields.items():
-        if not _is_int(number):
-            raise _bad(f"header.{name}", "an int", number)
+        if type(number) is not int:  # bool is not an int here
+            raise _bad(f"{field}.{name}", "an int", number)
     header = MsgHeader(**fields)
     if header.schema_version != CURRENT_SCHEMA:
         raise WireError(SCHEMA_VERSION, f"schema_version {header.schema_version} is not {CURRENT_SCHEMA}")
     return header
 
 
-def _check(accept: Any, expected: str) -> Any:
-    def validate(name: str, value: Any, limits: WireLimits) -> Any:
-        if not accept(value):
-            raise _bad(name, expected, value)
-        return value
-
-    return validate
-
-
 def _number(name: str, value: Any, limits: WireLimits) -> float:
     if type(value) not in (int, float):
         raise _bad(name, "a number", value)
     return float(value)
+
+
+def _list_of(item_type: type, expected: str) -> Any:
+    def validate(name: str, value: Any, limits: WireLimits) -> list[Any]:
+        if type(value) is not list or not all(type(x) is item_type for x in value):
+            raise _bad(name, expected, value)
+        return value
+
+    return validate
 
 
 def _images(name: str, value: Any, limits: WireLimits) -> dict[str, np.ndarray]:
@@ -113,19 +109,32 @@ def _images(name: str, value: Any, limits: WireLimits) -> dict[str, np.ndarray]:
     return value
 
 
-_FIELD_VALIDATORS: dict[str, Any] = {
-    "header": lambda name, value, limits: _header(value),
-    "str": _check(lambda v: type(v) is str, "a string"),
-    "int": _check(lambda v: type(v) is int, "an int"),
-    "opt_int": _check(lambda v: v is None or type(v) is int, "an int or nil"),
-    "float": _number,
-    "bool": _check(lambda v: type(v) is bool, "a bool"),
-    "str_list": _check(lambda v: type(v) is list and all(type(x) is str for x in v), "a list of strings"),
-    "int_list": _check(lambda v: type(v) is list and all(type(x) is int for x in v), "a list of ints"),
-    "dict": _check(lambda v: type(v) is dict, "a map"),
-    "array": _check(lambda v: type(v) is np.ndarray, "a tensor"),
-    "opt_array": _check(lambda v: v is None or type(v) is np.ndarray, "a tensor or nil"),
-    "images": _images,
+class _Rule(NamedTuple):
+    """How one field kind is checked: by exact type (the common case, no call), else by ``convert``."""
+
+    types: tuple[type, ...] = ()
+    expected: str = ""
+    convert: Any = None
+
+
+_RULES: dict[str, _Rule] = {
+    "header": _Rule(convert=_header),
+    "str": _Rule((str,), "a string"),
+    "int": _Rule((int,), "an int"),
+    "opt_int": _Rule((int, type(None)), "an int or nil"),
+    "float": _Rule(convert=_number),
+    "bool": _Rule((bool,), "a bool"),
+    "str_list": _Rule(convert=_list_of(str, "a list of strings")),
+    "int_list": _Rule(convert=_list_of(int, "a list of ints")),
+    "dict": _Rule((dict,), "a map"),
+    "array": _Rule((np.ndarray,), "a tensor"),
+    "opt_array": _Rule((np.ndarray, type(None)), "a tensor or nil"),
+    "images": _Rule(convert=_images),
+}
+# Per message class: (field, rule, nil allowed), worked out once instead of on every frame.
+_DECODE_PLANS: dict[type, tuple[tuple[str, _Rule, bool], ...]] = {
+    cls: tuple((name, _RULES[kind], kind.startswith("opt_")) for name, kind in cls.WIRE_FIELDS.items())  # type: ignore[attr-defined]
+    for cls in MESSAGE_TYPES.values()
 }
 
 
@@ -139,11 +148,15 @@ def decode_message(data: bytes | bytearray | memoryview, limits: WireLimits = DE
     if cls is None:
         raise WireError(UNKNOWN_MESSAGE, f"unknown message type {body.get('type')!r:.40}")
     values = {}
-    for name, kind in cls.WIRE_FIELDS.items():
+    for name, rule, nil_allowed in _DECODE_PLANS[cls]:
         value = body.get(name)
-        if value is None and not kind.startswith("opt_"):
+        if value is None and not nil_allowed:
             continue  # absent or nil: the field keeps its default
-        values[name] = _FIELD_VALIDATORS[kind](name, value, limits)
+        if rule.convert is not None:
+            value = rule.convert(name, value, limits)
+        elif type(value) not in rule.types:
+            raise _bad(name, rule.expected, value)
+        values[name] = value
     return cls(**values)
 
 

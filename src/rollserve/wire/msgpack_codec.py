@@ -14,7 +14,6 @@ extension types, and enforces :class:`WireLimits` before building anything.
 
 from __future__ import annotations
 
-import functools
 import struct
 from typing import Any
 
@@ -38,6 +37,7 @@ from rollserve.wire.tensors import (
 FRAME_MAGIC = b"RSV1"
 _PREFIX = struct.Struct("<4sI")  # magic, header length
 _ALIGN = 8
+_ZEROS = bytes(_ALIGN)
 
 
 def _default(obj: Any) -> Any:
@@ -55,47 +55,40 @@ def packb(obj: Any) -> bytes:
 
 def pack_frame(obj: Any) -> bytes:
     """Out-of-band framing: a msgpack header describing the tree, then the raw array bytes."""
-    buffers: list[memoryview] = []
+    buffers: list[Any] = []  # arrays and zero padding, joined once at the end
     offset = 0
 
     def default(value: Any) -> Any:
         nonlocal offset
         if isinstance(value, np.ndarray):
-            header, buffer = encode_array_header(value, offset)
-            buffers.append(buffer)
-            padded = -(-buffer.nbytes // _ALIGN) * _ALIGN
-            if padded != buffer.nbytes:
-                buffers.append(memoryview(bytes(padded - buffer.nbytes)))
-            offset += padded
+            header, array = encode_array_header(value, offset)
+            buffers.append(array)
+            pad = -array.nbytes % _ALIGN
+            if pad:
+                buffers.append(_ZEROS[:pad])
+            offset += array.nbytes + pad
             return header
         return _default(value)
 
     header = msgpack.packb(obj, default=default, use_bin_type=True)
     pad = -(_PREFIX.size + len(header)) % _ALIGN
-    return b"".join([_PREFIX.pack(FRAME_MAGIC, len(header)), header, bytes(pad), *buffers])
+    return b"".join([_PREFIX.pack(FRAME_MAGIC, len(header)), header, _ZEROS[:pad], *buffers])
 
 
-@functools.lru_cache(maxsize=16)
-def _inline_hook(limits: WireLimits):  # type: ignore[no-untyped-def]
+def _object_hook(limits: WireLimits, payload: memoryview | None = None):  # type: ignore[no-untyped-def]
+    """msgpack's ``object_hook``: tensor, scalar and image maps become arrays; other maps stay maps.
+
+    Out-of-band tensor maps point into ``payload`` (framed frames only); inline ones carry ``data``.
+    """
+
     def hook(obj: dict[Any, Any]) -> Any:
         if NDARRAY_KEY in obj:
-            return decode_array(obj, limits)
+            return decode_array(obj, limits, payload if OOB_KEY in obj else None)
         if NPGENERIC_KEY in obj:
             return decode_scalar(obj)
         if IMAGE_KEY in obj:
             return decode_image(obj, limits)
         return obj
-
-    return hook
-
-
-def _framed_hook(limits: WireLimits, payload: memoryview):  # type: ignore[no-untyped-def]
-    inline = _inline_hook(limits)
-
-    def hook(obj: dict[Any, Any]) -> Any:
-        if NDARRAY_KEY in obj and OOB_KEY in obj:
-            return decode_array(obj, limits, payload)
-        return inline(obj)
 
     return hook
 
@@ -129,7 +122,7 @@ def unpackb(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_L
     if len(data) > limits.max_frame_bytes:
         raise WireError(FRAME_TOO_LARGE, f"{len(data)} bytes exceeds the limit of {limits.max_frame_bytes}")
     if bytes(data[:4]) != FRAME_MAGIC:
-        return _unpack(data, _inline_hook(limits), limits)
+        return _unpack(data, _object_hook(limits), limits)
     view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
     if len(view) < _PREFIX.size:
         raise WireError(MALFORMED_FRAME, "truncated frame prefix")
@@ -138,4 +131,4 @@ def unpackb(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_L
     if start > len(view):
         raise WireError(BAD_SHAPE if header_len else MALFORMED_FRAME, "frame header runs past the frame")
     payload = view[start + (-start % _ALIGN) :]
-    return _unpack(view[_PREFIX.size : start], _framed_hook(limits, payload), limits)
+    return _unpack(view[_PREFIX.size : start], _object_hook(limits, payload), limits)

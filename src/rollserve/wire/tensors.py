@@ -8,7 +8,6 @@ received buffer without copying.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import numpy as np
@@ -58,7 +57,7 @@ def _sendable(array: np.ndarray) -> np.ndarray:
 
 
 def _bytes_of(array: np.ndarray) -> memoryview:
-    return memoryview(array.reshape(-1)).cast("B") if array.size else memoryview(b"")
+    return memoryview(array).cast("B") if array.size else memoryview(b"")
 
 
 def encode_array(array: np.ndarray) -> dict[bytes, Any]:
@@ -72,17 +71,17 @@ def encode_array(array: np.ndarray) -> dict[bytes, Any]:
     }
 
 
-def encode_array_header(array: np.ndarray, offset: int) -> tuple[dict[bytes, Any], memoryview]:
-    """The out-of-band wire map (no data, an ``[offset, nbytes]`` pointer) and the bytes to append."""
+def encode_array_header(array: np.ndarray, offset: int) -> tuple[dict[bytes, Any], np.ndarray]:
+    """The out-of-band wire map (no data, an ``[offset, nbytes]`` pointer) and the array whose bytes
+    to append (C-contiguous, so ``bytes.join`` takes it as it is)."""
     array = _sendable(array)
-    data = _bytes_of(array)
     header = {
         NDARRAY_KEY: True,
-        OOB_KEY: [offset, data.nbytes],
+        OOB_KEY: [offset, array.nbytes],
         b"dtype": array.dtype.str,
         b"shape": list(array.shape),
     }
-    return header, data
+    return header, array
 
 
 def encode_scalar(value: np.generic) -> dict[bytes, Any]:
@@ -92,10 +91,23 @@ def encode_scalar(value: np.generic) -> dict[bytes, Any]:
 
 
 def _natural_numbers(values: Any, max_len: int) -> bool:
-    """A list of at most ``max_len`` non-negative ints (bool excluded): shapes and pointers."""
+    """A list of at most ``max_len`` non-negative ints (bool excluded): out-of-band pointers."""
+    return _product(values, max_len) >= 0
+
+
+def _product(values: Any, max_len: int) -> int:
+    """The product of a list of at most ``max_len`` non-negative ints (bool excluded), else -1.
+
+    For a shape, that is its element count; one pass instead of a check and then ``math.prod``.
+    """
     if type(values) is not list or len(values) > max_len:
-        return False
-    return all(type(value) is int and value >= 0 for value in values)
+        return -1
+    product = 1
+    for value in values:
+        if type(value) is not int or value < 0:
+            return -1
+        product *= value
+    return product
 
 
 def decode_array(
@@ -107,9 +119,9 @@ def decode_array(
     """
     dtype = check_dtype(obj.get(b"dtype"))
     shape = obj.get(b"shape")
-    if not _natural_numbers(shape, limits.max_tensor_dims):
+    count = _product(shape, limits.max_tensor_dims)
+    if count < 0:
         raise WireError(BAD_SHAPE, f"shape must be at most {limits.max_tensor_dims} non-negative ints")
-    count = math.prod(shape)
     if count > limits.max_tensor_elements:
         raise WireError(
             TOO_MANY_ELEMENTS, f"{count} elements exceeds the limit of {limits.max_tensor_elements}"
@@ -118,6 +130,7 @@ def decode_array(
         data = obj.get(b"data")
         if not isinstance(data, bytes | bytearray | memoryview):
             raise WireError(MALFORMED_FRAME, "tensor data must be binary")
+        offset, nbytes = 0, len(data)
     else:
         pointer = obj.get(OOB_KEY)
         if not _natural_numbers(pointer, 2) or len(pointer) != 2:
@@ -125,10 +138,10 @@ def decode_array(
         offset, nbytes = pointer
         if offset + nbytes > len(payload):
             raise WireError(BAD_SHAPE, "out-of-band tensor runs past the end of the frame")
-        data = payload[offset : offset + nbytes]
-    if len(data) != count * dtype.itemsize:
-        raise WireError(BAD_SHAPE, f"{len(data)} data bytes do not match shape {list(shape)} of {dtype.str}")
-    return np.frombuffer(data, dtype=dtype, count=count).reshape(shape)
+        data = payload
+    if nbytes != count * dtype.itemsize:
+        raise WireError(BAD_SHAPE, f"{nbytes} data bytes do not match shape {list(shape)} of {dtype.str}")
+    return np.ndarray(shape, dtype, data, offset)  # a view at ``offset``: no slice, no copy
 
 
 def decode_scalar(obj: dict[Any, Any]) -> np.generic:
