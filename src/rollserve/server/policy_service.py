@@ -121,14 +121,16 @@ class PolicyServer:
     def run_inference_request(
         self, session: PolicySession, header: MsgHeader, obs: ObservationMsg
     ) -> ActionChunkMsg:
-        """One request, synchronously: the same code the engine worker runs for a batch of one."""
+        """One request, synchronously: validated, then the same code the engine worker runs."""
+        self.validate(session, obs)
         result = self.run_batch([InferenceItem(session, header, obs)])[0]
         if isinstance(result, BaseException):
             raise result
         return result
 
     def run_batch(self, items: Sequence[InferenceItem]) -> list[ActionChunkMsg | BaseException]:
-        """Per-item results: one failing request never fails the others."""
+        """Per-item results: one failing request never fails the others. Items are already validated
+        (``infer`` and ``run_inference_request`` do it before anything is queued)."""
         results: list[ActionChunkMsg | BaseException] = [PolicyError(INFERENCE_ERROR, "not run")] * len(items)
         prepared: list[tuple[int, _Prepared]] = []
         for index, item in enumerate(items):
@@ -153,7 +155,6 @@ class PolicyServer:
 
     def _prepare(self, item: InferenceItem) -> _Prepared:
         session, obs = item.session, item.obs
-        self.validate(session, obs)
         observation = {"state": obs.state, "images": dict(obs.images), "task": obs.task or session.task}
         batch = session.processors.pre(observation)
         prefix = self._prefix(session, obs)
