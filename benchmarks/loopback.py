@@ -227,7 +227,7 @@ class OpenpiPolicyAdapter:
         self.processors = make_processors(policy)
 
     def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
-        from rollserve.server.openpi_layouts import to_observation
+        from rollserve.server.policy.openpi_layouts import to_observation
 
         observation, _ = to_observation(obs, camera_names=self.policy.metadata.camera_names)
         chunk = self.policy.predict_action_chunk(self.processors.pre(observation))

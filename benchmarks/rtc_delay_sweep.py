@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--refill-margin", type=int, default=4, help="async: ask when <= d + margin actions left"
     )
     parser.add_argument("--sync-steps", type=int, default=8, help="sync: actions executed per chunk")
-    parser.add_argument("--policy", default="rollserve.models.flow_policy:load_default", help="policy spec")
+    parser.add_argument("--policy", default="rollserve.models.checkpoint:load_default", help="policy spec")
     args = parser.parse_args(argv)
     args.episodes = args.episodes or (10 if args.quick else 50)
     return args

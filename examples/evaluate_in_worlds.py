@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from rollserve.client.rollout_env import RolloutEnv
-from rollserve.models.flow_policy import load_default
+from rollserve.models.checkpoint import load_default
 from rollserve.models.worlds import load_world
 from rollserve.server.app import create_app
-from rollserve.server.rollout_service import RolloutService
+from rollserve.server.rollout.service import RolloutService
 from rollserve.server.running import serving
 from rollserve.server.settings import ServerSettings
 

@@ -20,8 +20,8 @@ from rollserve.client import EngineConfig, LocalInferenceEngine, RemoteInference
 from rollserve.models.simple_policies import ChunkPolicy
 from rollserve.rtc import ActionQueue, RTCConfig, normalize_prefix_length
 from rollserve.server.app import create_app
-from rollserve.server.policy_service import PolicyServer, PolicyService
-from rollserve.server.policy_sessions import PolicySession
+from rollserve.server.policy.service import PolicyServer, PolicyService
+from rollserve.server.policy.sessions import PolicySession
 from rollserve.server.running import RunningServer, serving
 from rollserve.server.settings import ServerSettings
 from rollserve.wire import (

@@ -17,7 +17,7 @@ from rollserve.models.policy import PolicyRequest
 from rollserve.models.simple_policies import ChunkPolicy
 from rollserve.rtc import RTCConfig
 from rollserve.server.app import create_app
-from rollserve.server.policy_service import PolicyService
+from rollserve.server.policy.service import PolicyService
 from rollserve.server.running import start_in_thread
 from rollserve.server.settings import ServerSettings
 from rollserve.wire import ActionChunkMsg, MsgHeader

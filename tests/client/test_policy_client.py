@@ -15,9 +15,9 @@ from rollserve.client import PolicyClient, PolicyConnectionError, ServerError, S
 from rollserve.client.policy_client import REOPEN_CODES
 from rollserve.models.policy import PolicyRequest
 from rollserve.models.simple_policies import ChunkPolicy
-from rollserve.server import policy_errors
 from rollserve.server.app import create_app
-from rollserve.server.policy_service import PolicyService
+from rollserve.server.policy import errors as policy_errors
+from rollserve.server.policy.service import PolicyService
 from rollserve.server.running import RunningServer, serving
 from rollserve.server.settings import ServerSettings
 from rollserve.wire import ObservationMsg

@@ -12,7 +12,7 @@ import pytest
 from rollserve.client.rollout_client import RolloutClient, RolloutRequestError, StepCall
 from rollserve.models.worlds import ToyWorld
 from rollserve.server.app import create_app
-from rollserve.server.rollout_service import RolloutService
+from rollserve.server.rollout.service import RolloutService
 from rollserve.server.running import serving
 from rollserve.server.settings import ServerSettings
 

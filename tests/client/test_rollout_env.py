@@ -9,7 +9,7 @@ from gymnasium.utils.env_checker import check_env
 from rollserve.client.rollout_env import RolloutEnv, RolloutVectorEnv
 from rollserve.models.worlds import ToyWorld
 from rollserve.server.app import create_app
-from rollserve.server.rollout_service import RolloutService
+from rollserve.server.rollout.service import RolloutService
 from rollserve.server.running import serving
 from rollserve.server.settings import ServerSettings
 

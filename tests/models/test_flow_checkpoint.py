@@ -16,7 +16,7 @@ from rollserve.models.flow_policy import FlowMatchingPolicy
 from rollserve.models.flow_stats import NormStats
 from rollserve.rtc.config import RTCConfig
 
-SPEC = "rollserve.models.flow_policy:load_default"
+SPEC = "rollserve.models.checkpoint:load_default"
 
 
 def small_policy() -> FlowMatchingPolicy:

@@ -84,7 +84,7 @@ def test_guided_velocity_uses_beta_at_tau_zero(net: VelocityNet) -> None:
 
 def test_zero_padding_of_a_short_prefix_is_not_guided_toward() -> None:
     """A 4-row prefix padded to the horizon guides like the 4 rows alone when prefix_steps says so."""
-    from rollserve.models.flow_policy import load_default
+    from rollserve.models.checkpoint import load_default
     from rollserve.models.policy import PolicyRequest
     from rollserve.rtc.prefix import normalize_prefix_length
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rollserve.server.openpi_layouts import (
+from rollserve.server.policy.openpi_layouts import (
     LayoutError,
     describe_layout,
     detect_layout,

@@ -14,7 +14,7 @@ from websockets.sync.client import connect
 
 from rollserve.models.simple_policies import ChunkPolicy, droid_policy
 from rollserve.server.app import create_app
-from rollserve.server.policy_service import PolicyService
+from rollserve.server.policy.service import PolicyService
 from rollserve.server.running import RunningServer, serving
 from rollserve.server.settings import ServerSettings
 

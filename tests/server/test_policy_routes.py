@@ -16,7 +16,7 @@ from rollserve.client import PolicyClient
 from rollserve.models.policy import PolicyRequest
 from rollserve.models.simple_policies import ChunkPolicy
 from rollserve.server.app import create_app
-from rollserve.server.policy_service import PolicyService
+from rollserve.server.policy.service import PolicyService
 from rollserve.server.running import RunningServer, serving
 from rollserve.server.settings import ServerSettings
 from rollserve.wire import (

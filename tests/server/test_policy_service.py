@@ -12,9 +12,9 @@ import pytest
 from rollserve.engine import Superseded
 from rollserve.models.policy import PolicyRequest, Processors
 from rollserve.models.simple_policies import ChunkPolicy
-from rollserve.server.policy_errors import INFERENCE_ERROR, STALE_EPOCH, UNKNOWN_SESSION, PolicyError
-from rollserve.server.policy_service import PolicyServer, PolicyService
-from rollserve.server.policy_sessions import PolicySession
+from rollserve.server.policy.errors import INFERENCE_ERROR, STALE_EPOCH, UNKNOWN_SESSION, PolicyError
+from rollserve.server.policy.service import PolicyServer, PolicyService
+from rollserve.server.policy.sessions import PolicySession
 from rollserve.server.settings import ServerSettings
 from rollserve.wire import MsgHeader, ObservationMsg, SessionOpen, WireError
 from rollserve.wire.errors import BAD_FIELD, BAD_SHAPE, UNSUPPORTED_DTYPE
@@ -119,7 +119,7 @@ def test_policy_failures_are_per_item_and_carry_no_traceback() -> None:
     session = _session(policy)
     bad_state = np.full(6, np.nan, np.float32)
     items = [_obs(), _obs(state=bad_state), _obs()]
-    from rollserve.server.policy_service import InferenceItem
+    from rollserve.server.policy.service import InferenceItem
 
     results = server.run_batch(
         [InferenceItem(session, MsgHeader(seq_id=i), obs) for i, obs in enumerate(items)]
@@ -175,7 +175,7 @@ def test_a_failing_batch_is_retried_item_by_item() -> None:
 
     policy = Picky()
     server = PolicyServer(policy)
-    from rollserve.server.policy_service import InferenceItem
+    from rollserve.server.policy.service import InferenceItem
 
     items = [InferenceItem(_session(policy), MsgHeader(seq_id=i), _obs()) for i in range(3)]
     results = server.run_batch(items)

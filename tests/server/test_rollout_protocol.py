@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from rollserve.server.rollout_protocol import (
+from rollserve.server.rollout.protocol import (
     Action,
     CreateSessionRequest,
     ErrorObject,
@@ -14,7 +14,7 @@ from rollserve.server.rollout_protocol import (
     RolloutStepRequest,
     SessionMetadata,
 )
-from rollserve.server.rollout_service import fold_action_into_observation
+from rollserve.server.rollout.service import fold_action_into_observation
 
 
 def test_action_goes_into_droid_keys_over_the_state() -> None:

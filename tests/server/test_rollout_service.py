@@ -15,7 +15,7 @@ import pytest
 
 from rollserve.models.world import WorldInit, WorldOutput, WorldStep
 from rollserve.models.worlds import ToyWorld
-from rollserve.server.rollout_protocol import (
+from rollserve.server.rollout.protocol import (
     Action,
     BatchStepItem,
     BatchStepRequest,
@@ -25,7 +25,7 @@ from rollserve.server.rollout_protocol import (
     ResetSessionRequest,
     RolloutStepRequest,
 )
-from rollserve.server.rollout_service import RolloutError, RolloutService
+from rollserve.server.rollout.service import RolloutError, RolloutService
 from rollserve.server.settings import ServerSettings
 
 POISON = 0.875  # an action whose first joint is this makes RecordingWorld fail that one item

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rollserve.server.rollout_store import RolloutError, RolloutSession, RolloutStore
+from rollserve.server.rollout.store import RolloutError, RolloutSession, RolloutStore
 
 
 class Clock:

@@ -6,8 +6,7 @@ import importlib.util
 
 import pytest
 
-from rollserve.models.checkpoint import default_checkpoint_dir
-from rollserve.models.flow_policy import load_default
+from rollserve.models.checkpoint import default_checkpoint_dir, load_default
 from rollserve.training.policy_eval import ChunkActor, evaluate_policy
 
 pytestmark = [

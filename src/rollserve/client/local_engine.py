@@ -1,6 +1,6 @@
 """LocalInferenceEngine: the same RTC loop with the policy in-process (no network, same request path).
 
-Chunks come from :class:`rollserve.server.policy_service.PolicyServer`, the code a server runs for
+Chunks come from :class:`rollserve.server.policy.service.PolicyServer`, the code a server runs for
 each request, so local and remote runs differ only by the transport.
 """
 
@@ -19,8 +19,8 @@ class LocalChunkSource:
     epoch = 0
 
     def __init__(self, policy: Policy, *, execution_horizon: int | None = None, task: str = "") -> None:
-        from rollserve.server.policy_service import PolicyServer
-        from rollserve.server.policy_sessions import PolicySession
+        from rollserve.server.policy.service import PolicyServer
+        from rollserve.server.policy.sessions import PolicySession
 
         self.server = PolicyServer(policy, execution_horizon=execution_horizon)
         self.session = PolicySession(session_id="local", task=task, processors=make_processors(policy))

@@ -22,7 +22,7 @@ from rich.console import Console
 from rollserve.demo.metrics import EpisodeTrace, summarize
 from rollserve.demo.strategies import STRATEGIES, Strategy, StrategyEngine, engine_config
 
-DEFAULT_POLICY = "rollserve.models.flow_policy:load_default"
+DEFAULT_POLICY = "rollserve.models.checkpoint:load_default"
 DEFAULT_DELAY_MS = 200.0
 DEFAULT_EPISODES = 5
 DEFAULT_REFILL_MARGIN = 4
@@ -206,7 +206,7 @@ def run_demo(config: DemoConfig, out: Console) -> dict[str, Any]:
     from rollserve.demo.progress import LiveProgress
     from rollserve.demo.report import results_table
     from rollserve.server.app import create_app
-    from rollserve.server.policy_service import PolicyService
+    from rollserve.server.policy.service import PolicyService
     from rollserve.server.running import start_in_thread
 
     started = time.perf_counter()

@@ -90,3 +90,11 @@ def load_flow_policy(
         device=device,
         **settings,
     )
+
+
+def load_default(device: str = "cpu", **kwargs: Any) -> FlowMatchingPolicy:
+    """Load the checkpoint shipped in ``rollserve/checkpoints/flow_policy``.
+
+    The factory behind the spec string ``rollserve.models.checkpoint:load_default``.
+    """
+    return load_flow_policy(default_checkpoint_dir(), device=device, **kwargs)

@@ -182,13 +182,3 @@ class FlowMatchingPolicy:
             request.inference_delay, horizon, chunk_size, self.rtc.prefix_attention_schedule
         )
         return prefix, weights
-
-
-def load_default(device: str = "cpu", **kwargs: Any) -> FlowMatchingPolicy:
-    """Load the checkpoint shipped in ``rollserve/checkpoints/flow_policy``.
-
-    The factory behind the spec string ``rollserve.models.flow_policy:load_default``.
-    """
-    from rollserve.models.checkpoint import default_checkpoint_dir, load_flow_policy
-
-    return load_flow_policy(default_checkpoint_dir(), device=device, **kwargs)

@@ -17,8 +17,8 @@ from rollserve.server.metrics import METRICS
 from rollserve.server.settings import ServerSettings
 
 if TYPE_CHECKING:
-    from rollserve.server.policy_service import PolicyService
-    from rollserve.server.rollout_service import RolloutService
+    from rollserve.server.policy.service import PolicyService
+    from rollserve.server.rollout.service import RolloutService
 
 
 def create_app(
@@ -60,11 +60,11 @@ def create_app(
         return {"object": "list", "data": data}
 
     if policy is not None:
-        from rollserve.server.policy_routes import add_policy_routes
+        from rollserve.server.policy.routes import add_policy_routes
 
         add_policy_routes(app, policy, settings)
     if rollout is not None:
-        from rollserve.server.rollout_routes import ROUTE_PREFIX, build_rollout_router
+        from rollserve.server.rollout.routes import ROUTE_PREFIX, build_rollout_router
 
         app.mount(ROUTE_PREFIX, build_rollout_router(rollout, settings))
 

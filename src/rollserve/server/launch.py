@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from rollserve.server.openpi_layouts import AUTO, LAYOUT_NAMES
+from rollserve.server.policy.openpi_layouts import AUTO, LAYOUT_NAMES
 from rollserve.server.running import listening_socket
 from rollserve.server.settings import ServerSettings
 from rollserve.wire.limits import WireLimits
@@ -67,7 +67,7 @@ def parse_policy_args(items: list[str]) -> dict[str, Any]:
 def _load_rollout(world_spec: str, settings: ServerSettings) -> Any:
     try:
         worlds = importlib.import_module("rollserve.models.worlds")
-        service_module = importlib.import_module("rollserve.server.rollout_service")
+        service_module = importlib.import_module("rollserve.server.rollout.service")
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith("rollserve"):
             raise ValueError("world serving is not available in this build of rollserve") from exc
@@ -114,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
     policy = rollout = None
     try:
         if args.policy:
-            from rollserve.server.policy_service import PolicyService
+            from rollserve.server.policy.service import PolicyService
 
             policy = PolicyService.from_spec(
                 args.policy, settings, policy_kwargs=parse_policy_args(args.policy_arg),

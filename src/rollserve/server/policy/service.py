@@ -19,14 +19,14 @@ import numpy as np
 from rollserve.engine.batcher import BatchingWorker, EngineClosed, Superseded
 from rollserve.models.policy import Policy, PolicyMetadata, PolicyRequest, make_processors
 from rollserve.rtc.prefix import normalize_prefix_length
-from rollserve.server.policy_errors import (
+from rollserve.server.policy.errors import (
     INFERENCE_ERROR,
     STALE_EPOCH,
     UNAVAILABLE,
     UNKNOWN_SESSION,
     PolicyError,
 )
-from rollserve.server.policy_sessions import PolicySession, PolicySessionStore, SessionLimitReached
+from rollserve.server.policy.sessions import PolicySession, PolicySessionStore, SessionLimitReached
 from rollserve.server.settings import ServerSettings
 from rollserve.wire.errors import BAD_FIELD, BAD_SHAPE, UNSUPPORTED_DTYPE, WireError
 from rollserve.wire.messages import (

@@ -27,7 +27,7 @@ import numpy as np
 from rollserve.engine import BatchingWorker, Completed, EngineClosed
 from rollserve.models.world import WorldCall, WorldInit, WorldModel, WorldOutput, WorldStep, run_world_calls
 from rollserve.server.metrics import METRICS
-from rollserve.server.rollout_protocol import (
+from rollserve.server.rollout.protocol import (
     Action,
     BatchStepRequest,
     BatchStepResponse,
@@ -45,7 +45,7 @@ from rollserve.server.rollout_protocol import (
     SessionMetadata,
     SessionStatusResponse,
 )
-from rollserve.server.rollout_store import (
+from rollserve.server.rollout.store import (
     RolloutError,
     RolloutSession,
     RolloutStore,

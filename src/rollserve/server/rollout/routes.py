@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
 
 from rollserve.server.metrics import METRICS
-from rollserve.server.rollout_protocol import (
+from rollserve.server.rollout.protocol import (
     BatchStepRequest,
     CreateSessionRequest,
     ErrorObject,
@@ -28,13 +28,13 @@ from rollserve.server.rollout_protocol import (
     RolloutStepRequest,
     RolloutStepResponse,
 )
-from rollserve.server.rollout_store import RolloutError
+from rollserve.server.rollout.store import RolloutError
 from rollserve.wire.codec import packb, unpackb
 from rollserve.wire.errors import FRAME_TOO_LARGE, WireError
 from rollserve.wire.limits import WireLimits
 
 if TYPE_CHECKING:
-    from rollserve.server.rollout_service import RolloutService
+    from rollserve.server.rollout.service import RolloutService
     from rollserve.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)

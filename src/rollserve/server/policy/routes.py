@@ -18,10 +18,10 @@ from fastapi import FastAPI, WebSocket
 
 from rollserve.engine.batcher import Superseded
 from rollserve.server.metrics import METRICS
-from rollserve.server.openpi_layouts import LayoutError, describe_layout, to_observation
-from rollserve.server.policy_errors import INFERENCE_ERROR, UNEXPECTED_MESSAGE, UNKNOWN_SESSION, PolicyError
-from rollserve.server.policy_service import PolicyService
-from rollserve.server.policy_sessions import PolicySession
+from rollserve.server.policy.errors import INFERENCE_ERROR, UNEXPECTED_MESSAGE, UNKNOWN_SESSION, PolicyError
+from rollserve.server.policy.openpi_layouts import LayoutError, describe_layout, to_observation
+from rollserve.server.policy.service import PolicyService
+from rollserve.server.policy.sessions import PolicySession
 from rollserve.server.settings import ServerSettings
 from rollserve.wire import (
     ActionChunkMsg,

@@ -1,6 +1,6 @@
 """The one store of rollout sessions: ids, per-session locks, capacity and idle expiry.
 
-It holds state and answers lookups; it knows no step rules (those live in ``rollout_service``).
+It holds state and answers lookups; it knows no step rules (those live in ``rollout.service``).
 All methods are synchronous and called from the event loop, so each is atomic; the per-session
 ``asyncio.Lock`` serialises the awaits of one session (a step waiting for the model, a reset).
 Closed and expired sessions leave a small tombstone, so ``status`` still answers for them.

@@ -1,0 +1,1 @@
+"""The policy product: websocket routes (session protocol, openpi), service, sessions, layouts."""
