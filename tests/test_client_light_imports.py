@@ -49,17 +49,36 @@ def test_client_wire_rtc_import_without_torch_or_server_stack() -> None:
     assert "LOADED []" in result.stdout
 
 
+def _imported_modules(package: str) -> list[tuple[str, str]]:
+    """(file, module) for every absolute import anywhere in a package, inside functions too."""
+    root = Path(rollserve.__file__).parent
+    found = []
+    for path in (root / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found += [(path.name, alias.name) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.append((path.name, node.module))
+    return found
+
+
 def test_light_packages_do_not_import_heavy_modules_anywhere() -> None:
     """Also lazily: no import of a heavy package inside any function of the light layers."""
-    root = Path(rollserve.__file__).parent
-    offenders = []
-    for package in LIGHT_PACKAGES:
-        for path in (root / package).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                names = []
-                if isinstance(node, ast.Import):
-                    names = [alias.name for alias in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                    names = [node.module]
-                offenders += [f"{path.name}: {name}" for name in names if name.split(".")[0] in SERVER_STACK]
+    offenders = [
+        f"{file}: {module}"
+        for package in LIGHT_PACKAGES
+        for file, module in _imported_modules(package)
+        if module.split(".")[0] in SERVER_STACK
+    ]
+    assert offenders == []
+
+
+def test_light_packages_do_not_import_the_server_package() -> None:
+    """Layering: the robot side shares the request path (``rollserve.engine``), never ``server/``."""
+    offenders = [
+        f"{file}: {module}"
+        for package in LIGHT_PACKAGES
+        for file, module in _imported_modules(package)
+        if module == "rollserve.server" or module.startswith("rollserve.server.")
+    ]
     assert offenders == []

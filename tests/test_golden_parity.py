@@ -2,7 +2,7 @@
 
 Local side: the loop body a robot runs with the policy in-process (pre-process, prefix normalised
 to the execution horizon, policy, post-process, merge), written out here on its own. Remote side:
-the same observation through the wire codec both ways and ``PolicyServer.run_inference_request``.
+the same observation through the wire codec both ways and ``PolicyRequestPath.run_inference_request``.
 With a deterministic policy both ``ActionQueue``s must stay byte-identical, and both policies
 must see byte-identical inputs. The last tests repeat the property over a real websocket with
 ``RemoteInferenceEngine`` against ``LocalInferenceEngine``.
@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 
 from rollserve.client import EngineConfig, LocalInferenceEngine, RemoteInferenceEngine
+from rollserve.engine.request_path import PolicyRequestPath
 from rollserve.models.simple_policies import ChunkPolicy
 from rollserve.rtc import ActionQueue, RTCConfig, normalize_prefix_length
 from rollserve.server.app import create_app
-from rollserve.server.policy.service import PolicyServer, PolicyService
+from rollserve.server.policy.service import PolicyService
 from rollserve.server.policy.sessions import PolicySession
 from rollserve.server.running import RunningServer, serving
 from rollserve.server.settings import ServerSettings
@@ -85,7 +86,7 @@ def _assert_same_bytes(a: np.ndarray, b: np.ndarray) -> None:
 
 
 def _remote_cycle(
-    server: PolicyServer,
+    server: PolicyRequestPath,
     session: PolicySession,
     queue: ActionQueue,
     obs: dict[str, Any],
@@ -133,7 +134,7 @@ def _assert_queues_equal(local: ActionQueue, remote: ActionQueue, cycle: int, de
 def _drive_codec_parity(with_images: bool) -> tuple[ChunkPolicy, ChunkPolicy]:
     policy_local, policy_remote = _policy(), _policy()
     processors_local = policy_local.make_processors()
-    server = PolicyServer(policy_remote, execution_horizon=EXECUTION_HORIZON)
+    server = PolicyRequestPath(policy_remote, execution_horizon=EXECUTION_HORIZON)
     session = PolicySession(
         session_id="parity", client_uuid="parity-client", task=TASK, robot_type="mock_robot",
         rtc_enabled=True, processors=policy_remote.make_processors(),

@@ -13,10 +13,10 @@ import pytest
 
 from rollserve.client import PolicyClient, PolicyConnectionError, ServerError, SessionRejected
 from rollserve.client.policy_client import REOPEN_CODES
+from rollserve.engine import policy_errors
 from rollserve.models.policy import PolicyRequest
 from rollserve.models.simple_policies import ChunkPolicy
 from rollserve.server.app import create_app
-from rollserve.server.policy import errors as policy_errors
 from rollserve.server.policy.service import PolicyService
 from rollserve.server.running import RunningServer, serving
 from rollserve.server.settings import ServerSettings

@@ -1,4 +1,4 @@
-"""PolicyServer (the transport-free request path) and PolicyService (engine worker + sessions)."""
+"""PolicyRequestPath (the transport-free request path) and PolicyService (engine worker + sessions)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from rollserve.engine import Superseded
+from rollserve.engine.policy_errors import INFERENCE_ERROR, STALE_EPOCH, UNKNOWN_SESSION, PolicyError
+from rollserve.engine.request_path import PolicyRequestPath
 from rollserve.models.policy import PolicyRequest, Processors
 from rollserve.models.simple_policies import ChunkPolicy
-from rollserve.server.policy.errors import INFERENCE_ERROR, STALE_EPOCH, UNKNOWN_SESSION, PolicyError
-from rollserve.server.policy.service import PolicyServer, PolicyService
+from rollserve.server.policy.service import PolicyService
 from rollserve.server.policy.sessions import PolicySession
 from rollserve.server.settings import ServerSettings
 from rollserve.wire import MsgHeader, ObservationMsg, SessionOpen, WireError
@@ -35,10 +36,10 @@ def _obs(**kwargs: Any) -> ObservationMsg:
     return ObservationMsg(**kwargs)
 
 
-# -- PolicyServer ----------------------------------------------------------------------------------
+# -- PolicyRequestPath ----------------------------------------------------------------------------------
 def test_request_path_pre_policy_post_and_float32_chunks() -> None:
     policy = _policy()
-    server = PolicyServer(policy)
+    server = PolicyRequestPath(policy)
     reply = server.run_inference_request(_session(policy), MsgHeader(seq_id=7, episode_id=2), _obs())
     assert reply.header.seq_id == 7 and reply.header.episode_id == 2
     assert reply.chunk_model.dtype == reply.chunk_robot.dtype == np.float32
@@ -52,7 +53,7 @@ def test_request_path_pre_policy_post_and_float32_chunks() -> None:
 def test_prefix_is_padded_or_cut_to_the_execution_horizon(steps: int) -> None:
     policy = _policy()
     prefix = np.arange(steps * A, dtype=np.float32).reshape(steps, A)
-    PolicyServer(policy, execution_horizon=10).run_inference_request(
+    PolicyRequestPath(policy, execution_horizon=10).run_inference_request(
         _session(policy), MsgHeader(), _obs(prefix_model=prefix, inference_delay_steps=3)
     )
     seen = policy.calls[0]["prev_chunk_left_over"]
@@ -66,7 +67,7 @@ def test_prefix_is_padded_or_cut_to_the_execution_horizon(steps: int) -> None:
 
 def test_no_prefix_without_rtc_or_when_nothing_is_left() -> None:
     policy = _policy()
-    server = PolicyServer(policy)
+    server = PolicyRequestPath(policy)
     prefix = np.ones((4, A), np.float32)
     server.run_inference_request(_session(policy, rtc=False), MsgHeader(), _obs(prefix_model=prefix))
     server.run_inference_request(
@@ -80,7 +81,9 @@ def test_robot_space_prefix_is_mapped_to_model_space() -> None:
     policy = _policy()
     model_prefix = np.full((10, A), 0.25, np.float32)
     robot_prefix = policy.actions_to_robot(model_prefix)
-    PolicyServer(policy).run_inference_request(_session(policy), MsgHeader(), _obs(prefix_robot=robot_prefix))
+    PolicyRequestPath(policy).run_inference_request(
+        _session(policy), MsgHeader(), _obs(prefix_robot=robot_prefix)
+    )
     np.testing.assert_allclose(policy.calls[0]["prev_chunk_left_over"], model_prefix, atol=1e-6)
 
 
@@ -101,7 +104,7 @@ def test_robot_space_prefix_is_mapped_to_model_space() -> None:
 def test_malformed_requests_get_typed_errors(obs: ObservationMsg, code: str) -> None:
     policy = _policy()
     with pytest.raises(WireError) as info:
-        PolicyServer(policy).run_inference_request(_session(policy), MsgHeader(), obs)
+        PolicyRequestPath(policy).run_inference_request(_session(policy), MsgHeader(), obs)
     assert info.value.code == code
     assert not policy.calls
 
@@ -109,17 +112,17 @@ def test_malformed_requests_get_typed_errors(obs: ObservationMsg, code: str) -> 
 def test_missing_camera_is_refused() -> None:
     policy = _policy(camera_names=("top",))
     with pytest.raises(WireError, match="missing camera") as info:
-        PolicyServer(policy).run_inference_request(_session(policy), MsgHeader(), _obs())
+        PolicyRequestPath(policy).run_inference_request(_session(policy), MsgHeader(), _obs())
     assert info.value.code == BAD_FIELD
 
 
 def test_policy_failures_are_per_item_and_carry_no_traceback() -> None:
     policy = _policy()
-    server = PolicyServer(policy)
+    server = PolicyRequestPath(policy)
     session = _session(policy)
     bad_state = np.full(6, np.nan, np.float32)
     items = [_obs(), _obs(state=bad_state), _obs()]
-    from rollserve.server.policy.service import InferenceItem
+    from rollserve.engine.request_path import InferenceItem
 
     results = server.run_batch(
         [InferenceItem(session, MsgHeader(seq_id=i), obs) for i, obs in enumerate(items)]
@@ -138,7 +141,7 @@ def test_failing_processors_are_reported_by_stage() -> None:
 
     session = PolicySession(session_id="s", processors=Processors(pre=broken_pre))
     with pytest.raises(PolicyError, match="pre-processing failed: KeyError") as info:
-        PolicyServer(policy).run_inference_request(session, MsgHeader(), _obs())
+        PolicyRequestPath(policy).run_inference_request(session, MsgHeader(), _obs())
     assert info.value.code == INFERENCE_ERROR
 
 
@@ -156,7 +159,7 @@ def test_unbatched_policy_is_called_once_per_request() -> None:
             return self.inner.predict_action_chunk(batch, inference_delay=inference_delay)
 
     policy = Unbatched()
-    server = PolicyServer(policy)  # type: ignore[arg-type]
+    server = PolicyRequestPath(policy)  # type: ignore[arg-type]
     assert not server.batched
     reply = server.run_inference_request(
         PolicySession("s", processors=policy.inner.make_processors()),
@@ -174,8 +177,8 @@ def test_a_failing_batch_is_retried_item_by_item() -> None:
             return super().predict_action_chunks(requests)
 
     policy = Picky()
-    server = PolicyServer(policy)
-    from rollserve.server.policy.service import InferenceItem
+    server = PolicyRequestPath(policy)
+    from rollserve.engine.request_path import InferenceItem
 
     items = [InferenceItem(_session(policy), MsgHeader(seq_id=i), _obs()) for i in range(3)]
     results = server.run_batch(items)

@@ -1,7 +1,7 @@
 """LocalInferenceEngine: the same RTC loop with the policy in-process (no network, same request path).
 
-Chunks come from :class:`rollserve.server.policy.service.PolicyServer`, the code a server runs for
-each request, so local and remote runs differ only by the transport.
+Chunks come from :class:`rollserve.engine.request_path.PolicyRequestPath`, the code a server's engine
+worker runs for each request, so local and remote runs differ only by the transport.
 """
 
 from __future__ import annotations
@@ -19,23 +19,24 @@ class LocalChunkSource:
     epoch = 0
 
     def __init__(self, policy: Policy, *, execution_horizon: int | None = None, task: str = "") -> None:
-        from rollserve.server.policy.service import PolicyServer
-        from rollserve.server.policy.sessions import PolicySession
+        from rollserve.engine.request_path import LocalSession, PolicyRequestPath
 
-        self.server = PolicyServer(policy, execution_horizon=execution_horizon)
-        self.session = PolicySession(session_id="local", task=task, processors=make_processors(policy))
+        self.request_path = PolicyRequestPath(policy, execution_horizon=execution_horizon)
+        self.session = LocalSession(processors=make_processors(policy), task=task)
         self.task = task
 
     def connect(self) -> SourceInfo:
-        meta = self.server.metadata
-        return SourceInfo(meta.chunk_size, meta.action_dim, self.server.execution_horizon, meta.supports_rtc)
+        meta = self.request_path.metadata
+        return SourceInfo(
+            meta.chunk_size, meta.action_dim, self.request_path.execution_horizon, meta.supports_rtc
+        )
 
     def infer(self, request: ChunkRequest) -> ActionChunkMsg:
         obs = request.to_message(self.epoch, self.task)
-        return self.server.run_inference_request(self.session, obs.header, obs)
+        return self.request_path.run_inference_request(self.session, obs.header, obs)
 
     def reset(self, episode_id: int) -> None:
-        self.session.processors = make_processors(self.server.policy)
+        self.session.processors = make_processors(self.request_path.policy)
 
     def reconnect(self) -> SourceInfo:
         return self.connect()

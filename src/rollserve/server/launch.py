@@ -81,7 +81,7 @@ def _describe(policy: Any, rollout: Any, settings: ServerSettings, url: str) -> 
         meta = policy.metadata
         parts.append(
             f"policy {meta.name!r} (chunk {meta.chunk_size} x {meta.action_dim}, rtc horizon "
-            f"{policy.server.execution_horizon}, batch <= {policy.worker.max_batch_size}) "
+            f"{policy.request_path.execution_horizon}, batch <= {policy.worker.max_batch_size}) "
             f"at ws {url.replace('http', 'ws', 1)}/v1/policy/ws and openpi ws {url.replace('http', 'ws', 1)}/"
         )
     if rollout is not None:

@@ -17,8 +17,8 @@ from typing import Any
 from fastapi import FastAPI, WebSocket
 
 from rollserve.engine.batcher import Superseded
+from rollserve.engine.policy_errors import INFERENCE_ERROR, UNEXPECTED_MESSAGE, UNKNOWN_SESSION, PolicyError
 from rollserve.server.metrics import METRICS
-from rollserve.server.policy.errors import INFERENCE_ERROR, UNEXPECTED_MESSAGE, UNKNOWN_SESSION, PolicyError
 from rollserve.server.policy.openpi_layouts import LayoutError, describe_layout, to_observation
 from rollserve.server.policy.service import PolicyService
 from rollserve.server.policy.sessions import PolicySession
@@ -214,7 +214,7 @@ class _OpenpiSocket:
         """What the served policy expects, sent once on connect (openpi clients read it as a dict)."""
         meta = self.service.metadata.to_dict()
         meta["server"] = "rollserve"
-        meta["execution_horizon"] = self.service.server.execution_horizon
+        meta["execution_horizon"] = self.service.request_path.execution_horizon
         meta["openpi_input"] = describe_layout(self.service.openpi_layout)
         return meta
 

@@ -1,34 +1,20 @@
 """The policy side of the server, without any transport.
 
-``PolicyServer`` is the pure request path (validate, pre-process, RTC prefix, policy call,
-post-process), usable in-process and in tests. ``PolicyService`` puts it behind one
+``PolicyService`` puts the request path (``rollserve.engine.request_path``) behind one
 ``BatchingWorker`` that owns the model and adds the session store, so transports only decode,
 submit and reply.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from rollserve.engine.batcher import BatchingWorker, EngineClosed, Superseded
-from rollserve.models.policy import Policy, PolicyMetadata, PolicyRequest, make_processors
-from rollserve.rtc.prefix import normalize_prefix_length
-from rollserve.server.policy.errors import (
-    INFERENCE_ERROR,
-    STALE_EPOCH,
-    UNAVAILABLE,
-    UNKNOWN_SESSION,
-    PolicyError,
-)
+from rollserve.engine.policy_errors import STALE_EPOCH, UNAVAILABLE, UNKNOWN_SESSION, PolicyError
+from rollserve.engine.request_path import InferenceItem, PolicyRequestPath
+from rollserve.models.policy import Policy, PolicyMetadata, make_processors
 from rollserve.server.policy.sessions import PolicySession, PolicySessionStore, SessionLimitReached
 from rollserve.server.settings import ServerSettings
-from rollserve.wire.errors import BAD_FIELD, BAD_SHAPE, UNSUPPORTED_DTYPE, WireError
 from rollserve.wire.messages import (
     SCHEMA_VERSION,
     ActionChunkMsg,
@@ -37,207 +23,6 @@ from rollserve.wire.messages import (
     SessionAck,
     SessionOpen,
 )
-
-logger = logging.getLogger(__name__)
-
-DEFAULT_EXECUTION_HORIZON = 10
-
-
-@dataclass
-class InferenceItem:
-    """One request as the engine worker sees it."""
-
-    session: PolicySession
-    header: MsgHeader
-    obs: ObservationMsg
-
-
-@dataclass
-class _Prepared:
-    item: InferenceItem
-    request: PolicyRequest
-
-
-def resolve_execution_horizon(policy: Policy, requested: int | None = None) -> int:
-    """The requested horizon, else the policy's own RTC horizon, else 10; never beyond the chunk."""
-    horizon = requested
-    if horizon is None:
-        horizon = getattr(getattr(policy, "rtc", None), "execution_horizon", DEFAULT_EXECUTION_HORIZON)
-    if int(horizon) < 1:
-        raise ValueError(f"execution horizon must be >= 1, got {horizon}")
-    return min(int(horizon), policy.metadata.chunk_size)
-
-
-def _failure(stage: str, exc: BaseException) -> PolicyError | WireError:
-    """What the client learns about a failure inside the model code: the error, not its traceback."""
-    if isinstance(exc, PolicyError | WireError):
-        return exc
-    logger.error("%s failed", stage, exc_info=exc)
-    return PolicyError(INFERENCE_ERROR, f"{stage} failed: {type(exc).__name__}: {str(exc)[:300]}")
-
-
-class PolicyServer:
-    """The transport-free request path; ``run_batch`` is what the engine worker runs."""
-
-    def __init__(self, policy: Policy, *, execution_horizon: int | None = None) -> None:
-        self.policy = policy
-        self.metadata: PolicyMetadata = policy.metadata
-        self.execution_horizon = resolve_execution_horizon(policy, execution_horizon)
-        self.batched = bool(self.metadata.supports_batching) and callable(
-            getattr(policy, "predict_action_chunks", None)
-        )
-
-    # -- checks that need no model (also run on the event loop before queueing) ------------------
-    def validate(self, session: PolicySession, obs: ObservationMsg) -> None:
-        """Reject malformed requests with a typed error before they reach the model."""
-        meta = self.metadata
-        if obs.state is None:
-            if meta.state_dim:
-                raise WireError(BAD_FIELD, f"observation carries no state (policy expects {meta.state_dim})")
-        else:
-            _check_float32("state", obs.state)
-            if obs.state.shape != (meta.state_dim,):
-                raise WireError(
-                    BAD_SHAPE, f"state must have shape ({meta.state_dim},), got {obs.state.shape}"
-                )
-        if obs.inference_delay_steps < 0:
-            raise WireError(BAD_FIELD, f"inference_delay_steps must be >= 0, got {obs.inference_delay_steps}")
-        for name in ("prefix_model", "prefix_robot"):
-            prefix = getattr(obs, name)
-            if prefix is None:
-                continue
-            _check_float32(name, prefix)
-            if prefix.ndim != 2 or prefix.shape[1] != meta.action_dim:
-                raise WireError(
-                    BAD_SHAPE, f"{name} must be 2-D (steps, {meta.action_dim}), got {prefix.shape}"
-                )
-        missing = [cam for cam in meta.camera_names if cam not in obs.images]
-        if missing:
-            raise WireError(
-                BAD_FIELD, f"missing camera image(s) {missing}; policy expects {list(meta.camera_names)}"
-            )
-
-    # -- the request path -------------------------------------------------------------------------
-    def run_inference_request(
-        self, session: PolicySession, header: MsgHeader, obs: ObservationMsg
-    ) -> ActionChunkMsg:
-        """One request, synchronously: validated, then the same code the engine worker runs."""
-        self.validate(session, obs)
-        result = self.run_batch([InferenceItem(session, header, obs)])[0]
-        if isinstance(result, BaseException):
-            raise result
-        return result
-
-    def run_batch(self, items: Sequence[InferenceItem]) -> list[ActionChunkMsg | BaseException]:
-        """Per-item results: one failing request never fails the others. Items are already validated
-        (``infer`` and ``run_inference_request`` do it before anything is queued)."""
-        results: list[ActionChunkMsg | BaseException] = [PolicyError(INFERENCE_ERROR, "not run")] * len(items)
-        prepared: list[tuple[int, _Prepared]] = []
-        for index, item in enumerate(items):
-            try:
-                prepared.append((index, self._prepare(item)))
-            except Exception as exc:
-                results[index] = _failure("pre-processing", exc)
-        if not prepared:
-            return results
-        started = time.perf_counter()
-        chunks = self._predict([p.request for _, p in prepared])
-        inference_ms = (time.perf_counter() - started) * 1000.0
-        for (index, prep), chunk in zip(prepared, chunks, strict=True):
-            if isinstance(chunk, BaseException):
-                results[index] = _failure("policy", chunk)
-                continue
-            try:
-                results[index] = self._finish(prep, chunk, inference_ms)
-            except Exception as exc:
-                results[index] = _failure("post-processing", exc)
-        return results
-
-    def _prepare(self, item: InferenceItem) -> _Prepared:
-        session, obs = item.session, item.obs
-        observation = {"state": obs.state, "images": dict(obs.images), "task": obs.task or session.task}
-        batch = session.processors.pre(observation)
-        prefix = self._prefix(session, obs)
-        real_steps = None if prefix is None else min(len(prefix), self.execution_horizon)
-        padded = None if prefix is None else normalize_prefix_length(prefix, self.execution_horizon)
-        request = PolicyRequest(batch, int(obs.inference_delay_steps), padded, prefix_steps=real_steps)
-        return _Prepared(item, request)
-
-    def _prefix(self, session: PolicySession, obs: ObservationMsg) -> np.ndarray | None:
-        """The model-space prefix as sent (not yet padded or cut); None without RTC."""
-        if not (session.rtc_enabled and self.metadata.supports_rtc):
-            return None
-        prefix = obs.prefix_model
-        if prefix is None and obs.prefix_robot is not None:
-            to_model = getattr(self.policy, "actions_to_model", None)
-            if not callable(to_model):
-                raise WireError(
-                    BAD_FIELD, "this policy cannot map prefix_robot to model space; send prefix_model"
-                )
-            prefix = np.asarray(to_model(obs.prefix_robot), dtype=np.float32)
-        if prefix is None or prefix.shape[0] == 0:
-            return None
-        return prefix
-
-    def _predict(self, requests: list[PolicyRequest]) -> list[Any]:
-        if self.batched:
-            try:
-                chunks = list(self.policy.predict_action_chunks(requests))  # type: ignore[attr-defined]
-                if len(chunks) != len(requests):
-                    raise RuntimeError(f"policy returned {len(chunks)} chunks for {len(requests)} requests")
-                return chunks
-            except Exception as exc:
-                if len(requests) == 1:
-                    return [exc]
-                # Find the culprit: rerun one by one so the other sessions still get their chunks.
-                return [self._predict([request])[0] for request in requests]
-        out: list[Any] = []
-        for request in requests:
-            try:
-                out.append(
-                    self.policy.predict_action_chunk(
-                        request.batch,
-                        inference_delay=request.inference_delay,
-                        prev_chunk_left_over=request.prev_chunk_left_over,
-                    )
-                )
-            except Exception as exc:
-                out.append(exc)
-        return out
-
-    def _finish(self, prep: _Prepared, chunk: Any, inference_ms: float) -> ActionChunkMsg:
-        chunk_model = self._as_chunk(chunk, "policy")
-        chunk_robot = self._as_chunk(prep.item.session.processors.post(chunk_model.copy()), "post-processor")
-        if chunk_robot.shape[0] != chunk_model.shape[0]:
-            raise PolicyError(
-                INFERENCE_ERROR, f"post-processor changed the chunk length to {chunk_robot.shape[0]}"
-            )
-        return ActionChunkMsg(
-            chunk_model=chunk_model,
-            chunk_robot=chunk_robot,
-            inference_delay_steps=prep.request.inference_delay,
-            inference_ms=inference_ms,
-            header=prep.item.header,
-        )
-
-    def _as_chunk(self, value: Any, source: str) -> np.ndarray:
-        """A float32 ``(steps, action_dim)`` array from whatever the policy returned (numpy or torch)."""
-        if hasattr(value, "detach"):
-            value = value.detach().cpu().numpy()
-        chunk = np.asarray(value, dtype=np.float32)
-        if chunk.ndim == 3 and chunk.shape[0] == 1:
-            chunk = chunk[0]
-        if chunk.ndim != 2 or chunk.shape[1] != self.metadata.action_dim:
-            raise PolicyError(
-                INFERENCE_ERROR,
-                f"{source} returned shape {chunk.shape}, expected (steps, {self.metadata.action_dim})",
-            )
-        return np.ascontiguousarray(chunk)
-
-
-def _check_float32(name: str, array: np.ndarray) -> None:
-    if array.dtype != np.float32:
-        raise WireError(UNSUPPORTED_DTYPE, f"{name} must be float32, got {array.dtype}")
 
 
 class PolicyService:
@@ -253,13 +38,13 @@ class PolicyService:
         spec: str | None = None,
     ) -> None:
         self.settings = settings or ServerSettings()
-        self.server = PolicyServer(policy, execution_horizon=execution_horizon)
+        self.request_path = PolicyRequestPath(policy, execution_horizon=execution_horizon)
         self.sessions = PolicySessionStore(self.settings.max_policy_sessions, lambda: make_processors(policy))
         self.openpi_layout = openpi_layout
         self.spec = spec
         self.worker: BatchingWorker[InferenceItem, ActionChunkMsg] = BatchingWorker(
-            self.server.run_batch,
-            max_batch_size=self.settings.max_batch_size if self.server.batched else 1,
+            self.request_path.run_batch,
+            max_batch_size=self.settings.max_batch_size if self.request_path.batched else 1,
             max_wait_s=self.settings.max_batch_wait_ms / 1000.0,
             name="rollserve-policy-engine",
         )
@@ -280,11 +65,11 @@ class PolicyService:
 
     @property
     def policy(self) -> Policy:
-        return self.server.policy
+        return self.request_path.policy
 
     @property
     def metadata(self) -> PolicyMetadata:
-        return self.server.metadata
+        return self.request_path.metadata
 
     # -- sessions --------------------------------------------------------------------------------
     def open_session(self, request: SessionOpen) -> tuple[SessionAck, PolicySession | None]:
@@ -313,7 +98,7 @@ class PolicyService:
             camera_names=list(meta.camera_names),
             state_dim=meta.state_dim,
             rtc_supported=meta.supports_rtc,
-            execution_horizon=self.server.execution_horizon,
+            execution_horizon=self.request_path.execution_horizon,
             fps=meta.fps,
             server_load=self.server_load(),
             policy=meta.to_dict(),
@@ -352,7 +137,7 @@ class PolicyService:
             raise PolicyError(
                 STALE_EPOCH, f"session_epoch {header.session_epoch} is not the current {session.epoch}"
             )
-        self.server.validate(session, obs)
+        self.request_path.validate(session, obs)
         session.touch()
         item = InferenceItem(session, header, obs)
         try:
@@ -387,7 +172,7 @@ class PolicyService:
                 "owned_by": "rollserve",
                 "kind": "policy",
                 "spec": self.spec,
-                "execution_horizon": self.server.execution_horizon,
+                "execution_horizon": self.request_path.execution_horizon,
                 "max_batch_size": self.worker.max_batch_size,
                 "routes": {"session": "/v1/policy/ws", "openpi": "/"},
                 "metadata": meta.to_dict(),

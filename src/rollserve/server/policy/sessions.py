@@ -13,8 +13,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from rollserve.engine.policy_errors import UNKNOWN_SESSION, PolicyError
 from rollserve.models.policy import Processors
-from rollserve.server.policy.errors import UNKNOWN_SESSION, PolicyError
 
 _EPOCH_MEMORY = 10_000  # client uuids whose last epoch is remembered after their session closed
 
