@@ -109,7 +109,8 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
         if route == "step" and session_id is not None:
             step_id = parsed.get("step_id") if isinstance(parsed, dict) else None
             step_id = step_id if isinstance(step_id, int) and not isinstance(step_id, bool) else -1
-            return _render(service.refused_step(session_id, step_id, error.code, error.message), status, raw)
+            refused = await service.refused_step(session_id, step_id, error.code, error.message)
+            return _render(refused, status, raw)
         detail = ErrorObject(
             code=error.code, message=error.message, committed_step_id=error.committed_step_id
         )

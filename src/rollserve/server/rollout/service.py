@@ -46,9 +46,11 @@ from rollserve.server.rollout.protocol import (
     SessionStatusResponse,
 )
 from rollserve.server.rollout.store import (
+    Commit,
     RolloutError,
     RolloutSession,
     RolloutStore,
+    SessionStore,
     StepRecord,
     closed_error,
 )
@@ -136,7 +138,10 @@ class RolloutService:
         *,
         max_batch_items: int = 256,
         clock: Any = time.monotonic,
+        store: SessionStore | None = None,
     ) -> None:
+        """``store`` defaults to this process's :class:`RolloutStore`; ``rollserve.scale`` passes one
+        whose committed state lives outside the process, shared by every replica."""
         if settings is None:
             from rollserve.server.settings import ServerSettings
 
@@ -145,7 +150,9 @@ class RolloutService:
         self.settings = settings
         self._started = int(time.time())
         self.max_batch_items = max_batch_items
-        self.store = RolloutStore(settings.max_rollout_sessions, settings.rollout_idle_ttl_s, clock=clock)
+        self.store: SessionStore = store or RolloutStore(
+            settings.max_rollout_sessions, settings.rollout_idle_ttl_s, clock=clock
+        )
         self.engine: BatchingWorker = BatchingWorker(
             partial(run_world_calls, world),
             max_batch_size=max_batch_items,
@@ -168,9 +175,11 @@ class RolloutService:
         if not self.world.spec.serves(req.model):
             served = self.world.spec.name
             raise RolloutError("model_not_found", f"this server serves world {served!r}, not {req.model!r}")
-        if req.session_id is not None and (existing := self._same_session(req.session_id, req.model, None)):
+        if req.session_id is not None and (
+            existing := await self._same_session(req.session_id, req.model, None)
+        ):
             return self._created(existing, raw_tensors)
-        sid = self.store.reserve(req.session_id)
+        sid = await self.store.claim(req.session_id)
         seeds = np.random.default_rng(req.seed)
         seed = req.seed if req.seed is not None else int(seeds.integers(2**31))
         out, obs = await self._initial(WorldInit(seed=seed))
@@ -186,12 +195,12 @@ class RolloutService:
             seeds=seeds,
         )
         try:
-            self.store.add(session)
+            session = await self.store.insert(session)
         except RolloutError as exc:  # a concurrent create of the same client-chosen id won the race
-            if exc.code == "session_exists" and (existing := self._same_session(sid, req.model, None)):
+            if exc.code == "session_exists" and (existing := await self._same_session(sid, req.model, None)):
                 return self._created(existing, raw_tensors)
             raise
-        self._count_sessions()
+        await self._count_sessions()
         return self._created(session, raw_tensors)
 
     async def fork_session(
@@ -199,15 +208,17 @@ class RolloutService:
     ) -> CreateSessionResponse:
         """A new session holding ``session_id``'s committed state, counters and stored last result."""
         req = req or ForkSessionRequest()
-        source = self.store.get(session_id)
-        if req.session_id is not None and (existing := self._same_session(req.session_id, None, session_id)):
+        source = await self.store.open(session_id)
+        if req.session_id is not None and (
+            existing := await self._same_session(req.session_id, None, session_id)
+        ):
             return self._created(existing, raw_tensors)
         async with source.lock:
             if source.closed:
                 raise closed_error(source)
             seeds = np.random.default_rng(source.seeds.integers(2**63))
             fork = RolloutSession(
-                session_id=self.store.reserve(req.session_id),
+                session_id=await self.store.claim(req.session_id),
                 model=source.model,
                 mode=source.mode,
                 created_at=time.time(),
@@ -220,8 +231,8 @@ class RolloutService:
                 last=source.last,
                 forked_from=source.session_id,
             )
-            self.store.add(fork)
-        self._count_sessions()
+            fork = await self.store.insert(fork)
+        await self._count_sessions()
         return self._created(fork, raw_tensors)
 
     async def reset_session(
@@ -229,7 +240,7 @@ class RolloutService:
     ) -> ResetSessionResponse:
         """Start a new episode in the session: context cleared, ``committed_step_id`` back to -1."""
         req = req or ResetSessionRequest()
-        session = self.store.get(session_id)
+        session = await self.store.open(session_id)
         async with session.lock:
             if session.closed:
                 raise closed_error(session)
@@ -238,10 +249,11 @@ class RolloutService:
             seed = req.seed if req.seed is not None else int(seeds.integers(2**31))
             start = np.asarray(req.state, dtype=np.float32) if req.state is not None else None
             out, obs = await self._initial(WorldInit(seed=seed, state=start), session)
-            session.state = session.root = out.state
-            session.seeds = seeds
-            session.observation = obs
-            session.committed_step_id, session.context_length, session.last = -1, 0, None
+            change = Commit(out.state, obs, -1, 0, None, session.epoch + 1, root=out.state, seeds=seeds)
+            while not await self.store.commit(session, change):  # another replica moved it meanwhile:
+                if session.closed:  # the reset still wins (a new episode), unless the session is gone
+                    raise closed_error(session)
+                change = Commit(out.state, obs, -1, 0, None, session.epoch + 1, root=out.state, seeds=seeds)
         return ResetSessionResponse(
             session_id=session_id,
             committed_step_id=-1,
@@ -251,14 +263,14 @@ class RolloutService:
 
     async def close_session(self, session_id: str) -> CloseSessionResponse:
         """Release everything the session holds; closing again is a no-op. Waits for an in-flight step."""
-        session = self.store.get(session_id, include_closed=True)
+        session = await self.store.open(session_id, include_closed=True)
         async with session.lock:
-            session = self.store.close(session_id)
-        self._count_sessions()
+            session = await self.store.retire(session_id)
+        await self._count_sessions()
         return CloseSessionResponse(session_id=session_id, committed_step_id=session.committed_step_id)
 
     async def get_status(self, session_id: str) -> SessionStatusResponse:
-        session = self.store.get(session_id, include_closed=True)
+        session = await self.store.open(session_id, include_closed=True)
         return SessionStatusResponse(
             session_id=session_id,
             committed_step_id=session.committed_step_id,
@@ -274,17 +286,17 @@ class RolloutService:
     ) -> RolloutStepResponse:
         started = time.perf_counter()
         try:
-            session = self.store.get(session_id)
+            session = await self.store.open(session_id)
         except RolloutError as exc:
             return self._refused(req.step_id, exc.code, exc.message, exc.committed_step_id, 0)
         finally:
-            self._count_sessions()  # a lookup may expire idle sessions
+            await self._count_sessions()  # a lookup may expire idle sessions
         async with session.lock:
             planned = self._plan(session, req, started, raw_tensors)
             if isinstance(planned, RolloutStepResponse):
                 return planned
             (outcome,) = await self._run([planned.call])
-            return self._finish(session, req, planned, outcome, raw_tensors)
+            return await self._finish(session, req, planned, outcome, raw_tensors)
 
     async def batch_step(self, req: BatchStepRequest, *, raw_tensors: bool = False) -> BatchStepResponse:
         """Many sessions' steps in one request and one engine batch; each item succeeds or fails alone."""
@@ -302,7 +314,7 @@ class RolloutService:
                 continue
             seen.add(item.session_id)
             try:
-                sessions[i] = self.store.get(item.session_id)
+                sessions[i] = await self.store.open(item.session_id)
             except RolloutError as exc:
                 answers[i] = self._refused(item.step_id, exc.code, exc.message, exc.committed_step_id, 0)
         async with AsyncExitStack() as stack:
@@ -317,10 +329,12 @@ class RolloutService:
                     planned[i] = plan
             outcomes = await self._run([p.call for p in planned.values()]) if planned else []
             for (i, plan), outcome in zip(planned.items(), outcomes, strict=True):
-                answers[i] = self._finish(sessions[i], items[i], plan, outcome, raw_tensors)
+                answers[i] = await self._finish(sessions[i], items[i], plan, outcome, raw_tensors)
         for i in repeated:  # answered last, so they report the session as this batch left it
             message = "a session may appear only once per batch_step"
-            answers[i] = self.refused_step(items[i].session_id, items[i].step_id, "invalid_request", message)
+            answers[i] = await self.refused_step(
+                items[i].session_id, items[i].step_id, "invalid_request", message
+            )
         results = []
         for item, answer in zip(items, answers, strict=True):
             assert answer is not None
@@ -328,9 +342,11 @@ class RolloutService:
             results.append(BatchStepResult(session_id=item.session_id, status=status, **dict(answer)))
         return BatchStepResponse(results=results)
 
-    def refused_step(self, session_id: str, step_id: int, code: str, message: str) -> RolloutStepResponse:
+    async def refused_step(
+        self, session_id: str, step_id: int, code: str, message: str
+    ) -> RolloutStepResponse:
         """The full error response for a step the transport could not even parse."""
-        session = self.store.peek(session_id)
+        session = await self.store.find(session_id)
         committed = session.committed_step_id if session else -1
         return self._refused(step_id, code, message, committed, session.context_length if session else 0)
 
@@ -369,7 +385,7 @@ class RolloutService:
             state = session.root  # a scratch context: the episode's start, never the committed state
         return _Planned(WorldCall(init=init, step=WorldStep(state, action, inputs)), fingerprint, started)
 
-    def _finish(
+    async def _finish(
         self,
         session: RolloutSession,
         req: RolloutStepRequest,
@@ -377,7 +393,12 @@ class RolloutService:
         outcome: Completed | BaseException,
         raw: bool,
     ) -> RolloutStepResponse:
-        """Commit a successful contextual step atomically; anything else leaves the session as it was."""
+        """Commit a successful contextual step atomically; anything else leaves the session as it was.
+
+        The commit is the store's compare-and-set: when another writer (a replica racing the same
+        step) committed first, this step's result is dropped and the request is checked again
+        against what was committed, so it gets the stored result exactly as a duplicate does.
+        """
         committed, context = session.committed_step_id, session.context_length
         try:
             if isinstance(outcome, BaseException):
@@ -402,8 +423,13 @@ class RolloutService:
             message = f"world step failed: {type(exc).__name__}: {_short(exc)}"
             return self._refused(req.step_id, "inference_error", message, committed, context)
         if req.use_session_context:
-            session.state, session.observation, session.last = out.state, record.observation, record
-            session.committed_step_id, session.context_length = req.step_id, context + 1
+            change = Commit(out.state, record.observation, req.step_id, context + 1, record, session.epoch)
+            if not await self.store.commit(session, change):
+                again = self._plan(session, req, plan.started, raw)
+                if isinstance(again, RolloutStepResponse):
+                    return again
+                message = "the session moved while the step ran; retry"  # a reset raced it
+                return self._refused(req.step_id, "step_out_of_order", message, *self._counters(session))
             committed, context = req.step_id, context + 1
         meta = SessionMetadata(
             latency_ms=round((time.perf_counter() - plan.started) * 1000.0, 3),
@@ -480,9 +506,11 @@ class RolloutService:
         raise RolloutError(code, message, committed_step_id=committed)
 
     # -- helpers ---------------------------------------------------------------------------------------
-    def _same_session(self, sid: str, model: str | None, forked_from: str | None) -> RolloutSession | None:
+    async def _same_session(
+        self, sid: str, model: str | None, forked_from: str | None
+    ) -> RolloutSession | None:
         """The open session a retried create (or fork) with a client-chosen id already made, if any."""
-        existing = self.store.peek(sid)
+        existing = await self.store.find(sid)
         if existing is None or existing.closed or existing.forked_from != forked_from:
             return None
         if model is not None and not self.world.spec.serves(model):
@@ -501,8 +529,12 @@ class RolloutService:
             forked_from=session.forked_from,
         )
 
-    def _count_sessions(self) -> None:
-        METRICS.active_sessions.labels(kind="rollout").set(len(self.store))
+    async def _count_sessions(self) -> None:
+        METRICS.active_sessions.labels(kind="rollout").set(await self.store.count())
+
+    @staticmethod
+    def _counters(session: RolloutSession) -> tuple[int, int]:
+        return session.committed_step_id, session.context_length
 
     @staticmethod
     def _refused(step_id: int, code: str, message: str, committed: int, context: int) -> RolloutStepResponse:

@@ -1,9 +1,15 @@
-"""The one store of rollout sessions: ids, per-session locks, capacity and idle expiry.
+"""Where rollout sessions live: ids, per-session locks, capacity, idle expiry and the commit itself.
 
-It holds state and answers lookups; it knows no step rules (those live in ``rollout.service``).
-All methods are synchronous and called from the event loop, so each is atomic; the per-session
-``asyncio.Lock`` serialises the awaits of one session (a step waiting for the model, a reset).
-Closed and expired sessions leave a small tombstone, so ``status`` still answers for them.
+:class:`SessionStore` is the one interface ``rollout.service`` talks to; the service holds the step
+rules, a store holds state. Two implementations share it: :class:`RolloutStore` (this process,
+below) and ``rollserve.scale.store.SharedRolloutStore`` (committed state in a Ray actor, so any
+replica can serve any session). A store's ``commit`` is a compare-and-set on the session's
+``committed_step_id`` (and its reset ``epoch``): it lands only if nobody committed since the session
+was read, which is what keeps steps exactly-once when two processes race the same step.
+
+:class:`RolloutStore`'s methods are synchronous and called from the event loop, so each is atomic;
+the per-session ``asyncio.Lock`` serialises the awaits of one session (a step waiting for the model,
+a reset). Closed and expired sessions leave a small tombstone, so ``status`` still answers for them.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -59,6 +65,7 @@ class RolloutSession:
     observation: np.ndarray
     seeds: np.random.Generator
     last_used: float = 0.0
+    epoch: int = 0  # raised by every reset, so a commit planned before a reset can never land after it
     committed_step_id: int = -1
     context_length: int = 0
     last: StepRecord | None = None
@@ -69,6 +76,53 @@ class RolloutSession:
     @property
     def closed(self) -> bool:
         return self.closed_reason is not None
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What a successful step (or a reset, with ``epoch + 1`` and ``root``) writes into a session."""
+
+    state: Any
+    observation: np.ndarray
+    committed_step_id: int
+    context_length: int
+    last: StepRecord | None
+    epoch: int
+    root: Any = None  # a reset's new episode start; None keeps the current one
+    seeds: np.random.Generator | None = None  # a reset's seed sequence; None keeps the current one
+
+
+class SessionStore(Protocol):
+    """The interface ``RolloutService`` uses, whichever process holds the committed state.
+
+    ``claim`` checks an id is free (and capacity left) before a world start is paid for; ``insert``
+    adds the session atomically (the same refusals if another request won meanwhile). ``open``
+    returns the caller's view of a session (its lock serialises this process's requests
+    for it); ``commit`` lands only if the session is still at ``(epoch, committed_step_id)`` as that
+    view shows it, else it refreshes the view and returns False: the caller re-checks its request
+    against what the other writer committed (a duplicate then gets the stored result back).
+    """
+
+    capacity: int
+
+    async def claim(self, session_id: str | None) -> str: ...
+    async def insert(self, session: RolloutSession) -> RolloutSession: ...
+    async def open(self, session_id: str, *, include_closed: bool = False) -> RolloutSession: ...
+    async def find(self, session_id: str) -> RolloutSession | None: ...
+    async def commit(self, session: RolloutSession, change: Commit) -> bool: ...
+    async def retire(self, session_id: str) -> RolloutSession: ...
+    async def count(self) -> int: ...
+
+
+def apply_commit(session: RolloutSession, change: Commit) -> None:
+    """Move a session to a committed change in one synchronous assignment."""
+    session.state, session.observation, session.last = change.state, change.observation, change.last
+    session.committed_step_id, session.context_length = change.committed_step_id, change.context_length
+    session.epoch = change.epoch
+    if change.root is not None:
+        session.root = change.root
+    if change.seeds is not None:
+        session.seeds = change.seeds
 
 
 class RolloutStore:
@@ -162,6 +216,31 @@ class RolloutStore:
         for session in expired:
             self._retire(session, "expired")
         return [s.session_id for s in expired]
+
+    # -- SessionStore: this process holds the committed state, so every call is local and atomic ---------
+    async def claim(self, session_id: str | None) -> str:
+        return self.reserve(session_id)
+
+    async def insert(self, session: RolloutSession) -> RolloutSession:
+        return self.add(session)
+
+    async def open(self, session_id: str, *, include_closed: bool = False) -> RolloutSession:
+        return self.get(session_id, include_closed=include_closed)
+
+    async def find(self, session_id: str) -> RolloutSession | None:
+        return self.peek(session_id)
+
+    async def commit(self, session: RolloutSession, change: Commit) -> bool:
+        if session.closed:
+            return False
+        apply_commit(session, change)
+        return True
+
+    async def retire(self, session_id: str) -> RolloutSession:
+        return self.close(session_id)
+
+    async def count(self) -> int:
+        return len(self._open)
 
     def _expired(self, session: RolloutSession) -> bool:
         busy = session.lock.locked()
