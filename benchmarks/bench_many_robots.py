@@ -19,20 +19,17 @@ table shows medians over repeats and the ratio to openpi-server.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import statistics
 import sys
 import time
-import traceback
 from contextlib import ExitStack
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit_json, percentile, print_table
-from loopback import ROBOTS, ServerProcess, make_observation, running, start_openpi_server, start_rollserve
+from loopback import RobotPool, ServerProcess, running, start_openpi_server, start_rollserve
 
 PEER = "openpi-server"
 MODELS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -57,66 +54,6 @@ VARIANTS = (
     Variant("rollserve, batching on", "rollserve-on", "session"),
     Variant("rollserve openpi endpoint, batching on", "rollserve-on", "openpi"),
 )
-
-
-# -- robot processes ------------------------------------------------------------------------------------
-def _robot_loop(conn: Connection) -> None:
-    """One robot process: run each job ``(protocol, port, start, duration)`` and send back latencies."""
-    obs = make_observation(cameras=0)
-    while (job := conn.recv()) is not None:
-        protocol, port, start, duration = job
-        try:
-            robot = ROBOTS[protocol](port, obs)
-            for _ in range(3):
-                robot.infer()
-            latencies = []
-            time.sleep(max(0.0, start - time.monotonic()))
-            end = start + duration
-            while (sent := time.monotonic()) < end:
-                robot.infer()
-                done = time.monotonic()
-                if done <= end:
-                    latencies.append(done - sent)
-            robot.close()
-            conn.send(latencies)
-        except Exception:
-            conn.send(traceback.format_exc())
-
-
-class RobotPool:
-    """``size`` robot processes, started once (spawned: no inherited threads) and reused for every point."""
-
-    def __init__(self, size: int) -> None:
-        ctx = mp.get_context("spawn")
-        self.conns: list[Connection] = []
-        self.procs = []
-        for _ in range(size):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_robot_loop, args=(child,), daemon=True)
-            proc.start()
-            self.conns.append(parent)
-            self.procs.append(proc)
-
-    def run(self, robots: int, protocol: str, port: int, duration: float) -> list[float]:
-        """All latencies of ``robots`` robots hammering ``port`` together for ``duration`` seconds."""
-        start = time.monotonic() + 0.5 + 0.05 * robots  # time to connect and warm up
-        for conn in self.conns[:robots]:
-            conn.send((protocol, port, start, duration))
-        latencies: list[float] = []
-        for conn in self.conns[:robots]:
-            reply = conn.recv()
-            if isinstance(reply, str):
-                raise RuntimeError(f"robot failed:\n{reply}")
-            latencies += reply
-        return latencies
-
-    def close(self) -> None:
-        for conn in self.conns:
-            conn.send(None)
-        for proc in self.procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.terminate()
 
 
 # -- the benchmark --------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing as mp
 import os
 import re
 import shlex
@@ -21,13 +22,16 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
 
 DROID_CAMERAS = ("exterior_image_1_left", "wrist_image_left")
+LIBERO_CAMERAS = ("image", "wrist_image")
 _READY = re.compile(r"rollserve serving on http://([\d.]+):(\d+)")
 _START_TIMEOUT_S = 60.0
 
@@ -87,17 +91,20 @@ def start_rollserve(
     world: str | None = None,
     max_batch: int = 8,
     max_wait_ms: float = 2.0,
+    pythonpath: str | None = None,
 ) -> ServerProcess:
-    """``rollserve serve --port 0`` in a subprocess; returns once it prints its address."""
+    """``rollserve serve --port 0`` in a subprocess; returns once it prints its address.
+
+    ``pythonpath`` (a ``src`` directory) runs another tree's rollserve: an A/B in one run.
+    """
     command = [*rollserve_command(), "serve", "--port", "0", "--log-level", "warning"]
     if policy:
         command += ["--policy", policy, *_policy_arg_flags(policy_args or {})]
         command += ["--max-batch", str(max_batch), "--max-wait-ms", str(max_wait_ms)]
     if world:
         command += ["--world", world]
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=server_env()
-    )
+    env = server_env() | ({"PYTHONPATH": pythonpath} if pythonpath else {})
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     assert process.stdout is not None
     deadline = time.monotonic() + _START_TIMEOUT_S
     seen: list[str] = []
@@ -120,6 +127,16 @@ def free_port() -> int:
 
 def start_openpi_server(policy: str, policy_args: dict[str, Any] | None = None) -> ServerProcess:
     """The openpi-server peer in a subprocess; returns once ``/healthz`` answers."""
+    return _start_peer("openpi-server", policy, policy_args)
+
+
+def start_floor_server(policy: str, policy_args: dict[str, Any] | None = None) -> ServerProcess:
+    """The floor in a subprocess: a bare ``websockets`` server (the library openpi-server uses) that
+    answers every frame with one pre-packed chunk, never decoding the request."""
+    return _start_peer("floor", policy, policy_args)
+
+
+def _start_peer(name: str, policy: str, policy_args: dict[str, Any] | None) -> ServerProcess:
     import importlib.util
 
     import httpx
@@ -128,11 +145,11 @@ def start_openpi_server(policy: str, policy_args: dict[str, Any] | None = None) 
         raise RuntimeError('the openpi-server baseline is not installed: pip install -e ".[bench]"')
     port = free_port()
     command = [sys.executable, __file__, "--policy", policy, "--port", str(port)]
-    command += _policy_arg_flags(policy_args or {})
+    command += _policy_arg_flags(policy_args or {}) + (["--floor"] if name == "floor" else [])
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=server_env()
     )
-    server = ServerProcess("openpi-server", process, port)
+    server = ServerProcess(name, process, port)
     deadline = time.monotonic() + _START_TIMEOUT_S
     while time.monotonic() < deadline and process.poll() is None:
         with contextlib.suppress(httpx.HTTPError):
@@ -142,7 +159,21 @@ def start_openpi_server(policy: str, policy_args: dict[str, Any] | None = None) 
     died = process.poll() is not None
     output = process.stdout.read() if died and process.stdout is not None else ""
     server.stop()
-    raise RuntimeError(f"openpi-server did not start on port {port}: {output[-500:]}")
+    raise RuntimeError(f"{name} did not start on port {port}: {output[-500:]}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) the live threads of process ``pid`` have used, in seconds.
+
+    Read from ``/proc/<pid>/task/*/schedstat`` (nanoseconds; ``/proc/<pid>/stat`` counts 10 ms
+    ticks, too coarse for one round). Threads that exited are not counted: servers keep theirs.
+    """
+    total = 0
+    with contextlib.suppress(OSError):
+        for task in os.scandir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError), open(f"{task.path}/schedstat") as stat:
+                total += int(stat.read().split()[0])
+    return total / 1e9
 
 
 @contextlib.contextmanager
@@ -156,15 +187,19 @@ def running(server: ServerProcess) -> Iterator[ServerProcess]:
 # -- what a robot sends -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Observation:
-    """One robot observation in both wire layouts: rollserve's session protocol and openpi's DROID keys."""
+    """One robot observation in both wire layouts: rollserve's session protocol and openpi's keys
+    (DROID's or LIBERO's, by ``layout``)."""
 
     state: np.ndarray
     images: dict[str, np.ndarray]
     prompt: str
+    layout: str = "droid"
 
     @property
     def openpi(self) -> dict[str, Any]:
         keyed = {f"observation/{name}": image for name, image in self.images.items()}
+        if self.layout == "libero":
+            return keyed | {"observation/state": self.state, "prompt": self.prompt}
         return keyed | {
             "observation/joint_position": self.state[:7],
             "observation/gripper_position": self.state[7:8],
@@ -172,11 +207,15 @@ class Observation:
         }
 
 
-def make_observation(cameras: int = 2, side: int = 224, seed: int = 0) -> Observation:
-    """A DROID-shaped observation: 8-D state (7 joints + gripper) and ``cameras`` uint8 images."""
+CAMERAS = {"droid": DROID_CAMERAS, "libero": LIBERO_CAMERAS}
+
+
+def make_observation(cameras: int = 2, side: int = 224, seed: int = 0, layout: str = "droid") -> Observation:
+    """An 8-D state (DROID: 7 joints + gripper) and ``cameras`` uint8 images, named as in ``layout``."""
     rng = np.random.default_rng(seed)
-    images = {name: rng.integers(0, 256, (side, side, 3), dtype=np.uint8) for name in DROID_CAMERAS[:cameras]}
-    return Observation(rng.uniform(-1, 1, 8).astype(np.float32), images, "pick up the cube")
+    names = CAMERAS[layout][:cameras]
+    images = {name: rng.integers(0, 256, (side, side, 3), dtype=np.uint8) for name in names}
+    return Observation(rng.uniform(-1, 1, 8).astype(np.float32), images, "pick up the cube", layout)
 
 
 class SessionRobot:
@@ -215,6 +254,70 @@ class OpenpiRobot:
 ROBOTS = {"session": SessionRobot, "openpi": OpenpiRobot}
 
 
+# -- robot processes ------------------------------------------------------------------------------------
+def _robot_loop(conn: Connection) -> None:
+    """One robot process: run each job ``(protocol, port, start, duration, observation kwargs)`` and
+    send back its latencies."""
+    while (job := conn.recv()) is not None:
+        protocol, port, start, duration, obs_kwargs = job
+        try:
+            robot = ROBOTS[protocol](port, make_observation(**obs_kwargs))
+            for _ in range(3):
+                robot.infer()
+            latencies = []
+            time.sleep(max(0.0, start - time.monotonic()))
+            end = start + duration
+            while (sent := time.monotonic()) < end:
+                robot.infer()
+                done = time.monotonic()
+                if done <= end:
+                    latencies.append(done - sent)
+            robot.close()
+            conn.send(latencies)
+        except Exception:
+            conn.send(traceback.format_exc())
+
+
+class RobotPool:
+    """``size`` robot processes, started once (spawned: no inherited threads) and reused for every point."""
+
+    def __init__(self, size: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.conns: list[Connection] = []
+        self.procs = []
+        for _ in range(size):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_robot_loop, args=(child,), daemon=True)
+            proc.start()
+            self.conns.append(parent)
+            self.procs.append(proc)
+
+    def run(
+        self, robots: int, protocol: str, port: int, duration: float, obs_kwargs: dict[str, Any] | None = None
+    ) -> list[float]:
+        """All latencies of ``robots`` robots hammering ``port`` together for ``duration`` seconds, each
+        sending ``make_observation(**obs_kwargs)`` (no cameras by default)."""
+        start = time.monotonic() + 0.5 + 0.05 * robots  # time to connect and warm up
+        job_obs = obs_kwargs if obs_kwargs is not None else {"cameras": 0}
+        for conn in self.conns[:robots]:
+            conn.send((protocol, port, start, duration, job_obs))
+        latencies: list[float] = []
+        for conn in self.conns[:robots]:
+            reply = conn.recv()
+            if isinstance(reply, str):
+                raise RuntimeError(f"robot failed:\n{reply}")
+            latencies += reply
+        return latencies
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.send(None)
+        for proc in self.procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.terminate()
+
+
 # -- the peer server ------------------------------------------------------------------------------------
 class OpenpiPolicyAdapter:
     """A rollserve policy as an openpi ``BasePolicy``: the same key mapping, processors and model call
@@ -249,16 +352,52 @@ def serve_openpi(policy_spec: str, policy_args: dict[str, Any], port: int) -> No
     ).serve_forever()
 
 
+def serve_floor(policy_spec: str, policy_args: dict[str, Any], port: int) -> None:
+    """The floor: what any websocket policy server costs before it does any work of its own."""
+    import asyncio
+    import http
+
+    import websockets.asyncio.server as ws_server
+    from openpi_client import msgpack_numpy
+
+    from rollserve.models.loading import load_policy
+
+    meta = load_policy(policy_spec, **policy_args).metadata
+    metadata = msgpack_numpy.packb(meta.to_dict())
+    chunk = np.zeros((meta.chunk_size, meta.action_dim), np.float32)
+    reply = msgpack_numpy.packb({"actions": chunk, "server_timing": {"infer_ms": 0.0, "prev_total_ms": 0.0}})
+
+    async def handler(websocket: ws_server.ServerConnection) -> None:
+        await websocket.send(metadata)
+        async for _ in websocket:  # every frame is read whole, then never looked at
+            await websocket.send(reply)
+
+    def health(connection: ws_server.ServerConnection, request: ws_server.Request) -> Any:
+        return connection.respond(http.HTTPStatus.OK, "OK\n") if request.path == "/healthz" else None
+
+    async def run() -> None:
+        async with ws_server.serve(
+            handler, "127.0.0.1", port, compression=None, max_size=None, process_request=health
+        ) as server:
+            await server.serve_forever()
+
+    asyncio.run(run())
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from rollserve.server.launch import parse_policy_args
 
-    parser = argparse.ArgumentParser(description="openpi-server (the peer) serving a rollserve policy")
+    parser = argparse.ArgumentParser(
+        description="openpi-server (the peer) or the floor, serving a rollserve policy"
+    )
     parser.add_argument("--policy", required=True)
     parser.add_argument("--policy-arg", action="append", default=[])
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--floor", action="store_true", help="reply a pre-packed chunk without decoding")
     args = parser.parse_args(argv)
+    serve = serve_floor if args.floor else serve_openpi
     with contextlib.suppress(KeyboardInterrupt):
-        serve_openpi(args.policy, parse_policy_args(args.policy_arg), args.port)
+        serve(args.policy, parse_policy_args(args.policy_arg), args.port)
 
 
 if __name__ == "__main__":

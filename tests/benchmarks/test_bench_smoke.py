@@ -38,12 +38,21 @@ def test_codec() -> None:
 
 def test_roundtrip() -> None:
     result = run_benchmark(
-        "bench_roundtrip.py", "--rounds", "1", "--requests", "3", "--cameras", "1", "--side", "16"
-    )
+        "bench_roundtrip.py", "--rounds", "1", "--requests", "3", "--cameras", "1", "--side", "16",
+        "--layouts", "libero", "--clients", "2", "--duration", "0.3", "--repeats", "1",
+    )  # fmt: skip
     assert result["benchmark"] == "roundtrip"
-    variants = result["variants"]
-    assert {"rollserve session protocol", "rollserve openpi endpoint", "openpi-server"} <= set(variants)
-    assert all(v["requests"] == 3 and v["p99_ms"] >= v["p50_ms"] > 0 for v in variants.values())
+    libero = result["layouts"]["libero"]
+    names = {
+        "floor (bare websockets)",
+        "openpi-server",
+        "rollserve session protocol",
+        "rollserve openpi endpoint",
+    }
+    assert set(libero["round_trip"]) == names == set(libero["throughput"]["variants"])
+    for trip in libero["round_trip"].values():
+        assert trip["requests"] == 3 and trip["p99_ms"] >= trip["p50_ms"] > 0 and trip["server_cpu_us"] > 0
+    assert all(point["requests_per_s"] > 0 for point in libero["throughput"]["variants"].values())
 
 
 def test_many_robots() -> None:

@@ -4,6 +4,8 @@
   RTC prefix, with pre/post processors; batching; optional fixed latency per model call.
 - ``rollserve.models.simple_policies:droid_policy``: the same with DROID's state (7 joints +
   gripper) and cameras, for openpi clients.
+- ``rollserve.models.simple_policies:echo_policy``: no compute at all (the state, repeated), with
+  LIBERO's (default) or DROID's keys: what a trivial-policy benchmark measures is the serving.
 - ``rollserve.models.simple_policies:wide_mlp``: a wide torch MLP whose cost barely grows with the
   batch size (weight-bound), for the many-robots benchmark.
 """
@@ -24,6 +26,8 @@ from rollserve.rtc.config import RTCConfig
 
 DROID_CAMERAS = ("exterior_image_1_left", "wrist_image_left")
 DROID_ACTIONS = (*(f"joint_{i}" for i in range(7)), "gripper")
+LIBERO_CAMERAS = ("image", "wrist_image")
+LIBERO_ACTIONS = ("x", "y", "z", "roll", "pitch", "yaw", "gripper")
 
 
 class ChunkPolicy:
@@ -225,6 +229,55 @@ def droid_policy(**kwargs: Any) -> ChunkPolicy:
         "camera_names": DROID_CAMERAS, "name": "droid-chunk-policy",
     }  # fmt: skip
     return ChunkPolicy(**{**defaults, **kwargs})
+
+
+class EchoPolicy:
+    """No model at all: every chunk row is the state's first ``action_dim`` values (zero-padded).
+
+    Serving overhead is all a round trip with it measures. No processors, no batching needed.
+    """
+
+    def __init__(
+        self,
+        *,
+        state_dim: int,
+        action_names: Sequence[str],
+        camera_names: Sequence[str],
+        chunk_size: int = 10,
+        name: str = "echo-policy",
+    ) -> None:
+        self.metadata = PolicyMetadata(
+            name=name,
+            action_names=tuple(action_names),
+            chunk_size=chunk_size,
+            state_dim=state_dim,
+            camera_names=tuple(camera_names),
+            supports_batching=True,
+        )
+
+    def predict_action_chunk(
+        self, batch: PolicyBatch, *, inference_delay: int = 0, prev_chunk_left_over: np.ndarray | None = None
+    ) -> np.ndarray:
+        meta = self.metadata
+        row = np.zeros(meta.action_dim, np.float32)
+        state = np.asarray(batch["state"], dtype=np.float32)[: meta.action_dim]
+        row[: state.size] = state
+        return np.broadcast_to(row, (meta.chunk_size, meta.action_dim)).copy()
+
+    def predict_action_chunks(self, requests: list[PolicyRequest]) -> list[np.ndarray]:
+        return [self.predict_action_chunk(request.batch) for request in requests]
+
+
+def echo_policy(layout: str = "libero", **kwargs: Any) -> EchoPolicy:
+    """Spec ``rollserve.models.simple_policies:echo_policy``: LIBERO keys (8-D state, 7 actions, cameras
+    ``image`` and ``wrist_image``) or, with ``layout="droid"``, DROID's (8-D state and actions)."""
+    layouts: dict[str, dict[str, Any]] = {
+        "libero": {"state_dim": 8, "action_names": LIBERO_ACTIONS, "camera_names": LIBERO_CAMERAS},
+        "droid": {"state_dim": 8, "action_names": DROID_ACTIONS, "camera_names": DROID_CAMERAS},
+    }
+    if layout not in layouts:
+        raise ValueError(f"layout must be one of {sorted(layouts)}, got {layout!r}")
+    return EchoPolicy(**{**layouts[layout], **kwargs})
 
 
 def wide_mlp(**kwargs: Any) -> WideMLPPolicy:
