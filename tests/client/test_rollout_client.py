@@ -19,9 +19,15 @@ from rollserve.server.settings import ServerSettings
 ACTION = np.array([0.2] * 7 + [0.5], dtype=np.float32)
 
 
+@pytest.fixture(scope="module", params=["vllm-omni", "strict"])
+def mode(request) -> str:
+    """Every client behaviour must hold under both status-code modes of the server."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def url():
-    settings = ServerSettings(max_batch_wait_ms=0.0)
+def url(mode: str):
+    settings = ServerSettings(max_batch_wait_ms=0.0, rollout_status_codes=mode)
     with serving(create_app(settings, rollout=RolloutService(ToyWorld(), settings))) as server:
         yield server.http_url
 
@@ -78,18 +84,43 @@ def test_a_lost_reply_is_recovered_without_applying_the_step_twice(url: str) -> 
         assert (status["committed_step_id"], status["context_length"]) == (1, 2)
 
 
-def test_refusals_raise_typed_errors(url: str) -> None:
+def test_refusals_raise_typed_errors(url: str, mode: str) -> None:
     with RolloutClient(url) as client:
         sid, _ = client.create_session("toy")
         with pytest.raises(RolloutRequestError) as err:
             client.step(sid, 4, ACTION)
-        assert err.value.code == "step_out_of_order" and err.value.status == 409
+        assert err.value.code == "step_out_of_order" and err.value.status == {"strict": 409}.get(mode, 400)
         assert err.value.committed_step_id == -1
         with pytest.raises(RolloutRequestError) as err:
             client.create_session("nope")
-        assert err.value.code == "model_not_found"
+        assert err.value.code == "model_not_found" and err.value.status == {"strict": 404}.get(mode, 400)
+        with pytest.raises(RolloutRequestError) as err:
+            client.status("ghost")
+        assert (err.value.code, err.value.status) == ("session_not_found", 404)
+        assert err.value.committed_step_id == -1
+        client.close_session(sid)
+        with pytest.raises(RolloutRequestError) as err:
+            client.reset(sid)
+        assert (err.value.code, err.value.status) == ("session_closed", 410)
         with pytest.raises(ValueError, match="8 values"):
             client.step(sid, 0, [0.0] * 7)
+
+
+class FailingWorld(ToyWorld):
+    def step_batch(self, steps):
+        return [RuntimeError("out of memory") for _ in steps]
+
+
+def test_a_failed_step_raises_inference_error_in_both_modes(mode: str) -> None:
+    """vLLM-Omni mode answers it with 200 and the error in band; the client still raises."""
+    settings = ServerSettings(max_batch_wait_ms=0.0, rollout_status_codes=mode)
+    app = create_app(settings, rollout=RolloutService(FailingWorld(), settings))
+    with serving(app) as server, RolloutClient(server.http_url) as client:
+        sid, _ = client.create_session("toy")
+        with pytest.raises(RolloutRequestError) as err:
+            client.step(sid, 0, ACTION)
+        assert err.value.code == "inference_error" and err.value.status == {"strict": 500}.get(mode, 200)
+        assert err.value.committed_step_id == -1 and client.status(sid)["committed_step_id"] == -1
 
 
 def test_batch_step_returns_per_item_results(url: str) -> None:

@@ -1,4 +1,8 @@
-"""The rollout REST routes through a real uvicorn server: status codes, JSON and msgpack, bad input."""
+"""The rollout REST routes through a real uvicorn server: status codes, JSON and msgpack, bad input.
+
+These run in strict mode (rollserve's semantic statuses); ``test_rollout_status_codes.py`` pins both
+modes against the table in docs/rollout.md.
+"""
 
 from __future__ import annotations
 
@@ -32,7 +36,12 @@ class BreakableWorld(ToyWorld):
 
 
 def make_server(**overrides):
-    settings = ServerSettings(max_batch_wait_ms=0.0, limits=WireLimits(max_frame_bytes=LIMIT), **overrides)
+    settings = ServerSettings(
+        max_batch_wait_ms=0.0,
+        limits=WireLimits(max_frame_bytes=LIMIT),
+        rollout_status_codes="strict",
+        **overrides,
+    )
     return serving(create_app(settings, rollout=RolloutService(BreakableWorld(), settings)))
 
 
@@ -281,7 +290,7 @@ def test_unserialisable_world_info_is_an_inference_error() -> None:
         def step_batch(self, steps):
             return [dataclasses.replace(o, info={"obj": object()}) for o in super().step_batch(steps)]
 
-    settings = ServerSettings(max_batch_wait_ms=0.0)
+    settings = ServerSettings(max_batch_wait_ms=0.0, rollout_status_codes="strict")
     app = create_app(settings, rollout=RolloutService(ChattyWorld(), settings))
     with serving(app) as server, httpx.Client(base_url=server.http_url) as client:
         sid = create(client)

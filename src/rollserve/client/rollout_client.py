@@ -290,11 +290,18 @@ def _step_result(status: int | None, payload: dict[str, Any]) -> StepResult:
 
 
 def _error(status: int | None, payload: dict[str, Any]) -> RolloutRequestError:
-    error = payload.get("error") or {}
-    committed = error.get("committed_step_id")
+    """The typed error of a refusal, in either status-code mode.
+
+    Step bodies and strict-mode errors carry the typed code in ``error.code``; vLLM-Omni-mode
+    non-step errors carry the HTTP status there (vLLM's error body) and the typed code in
+    ``error.reason``. A body with only FastAPI's ``detail`` gets ``http_<status>``.
+    """
+    error = payload.get("error")
+    error = error if isinstance(error, dict) else {}
+    code = error.get("code")
+    if not isinstance(code, str):
+        code = error.get("reason") or f"http_{status}"
+    message = error.get("message") or payload.get("detail") or f"HTTP {status}"
     return RolloutRequestError(
-        str(error.get("code", "http_error")),
-        str(error.get("message", f"HTTP {status}")),
-        status=status,
-        committed_step_id=committed,
+        str(code), str(message), status=status, committed_step_id=error.get("committed_step_id")
     )

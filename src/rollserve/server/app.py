@@ -45,6 +45,11 @@ def create_app(
     async def healthz() -> str:
         return "OK\n"
 
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        """vLLM-Omni's health probe: 200 ``{"status": "healthy"}`` while the server serves."""
+        return {"status": "healthy"}
+
     @app.get("/metrics")
     async def metrics() -> Response:
         body, content_type = METRICS.render()

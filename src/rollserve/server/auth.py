@@ -1,13 +1,13 @@
 """Optional API key for every route: `Authorization: Api-Key <key>` (openpi style) or `Bearer <key>`.
 
-Keys are compared in constant time; /healthz stays open so load balancers can probe.
+Keys are compared in constant time; /healthz and /health stay open so load balancers can probe.
 """
 
 from __future__ import annotations
 
 import hmac
 
-OPEN_PATHS = frozenset({"/healthz"})
+OPEN_PATHS = frozenset({"/healthz", "/health"})
 
 
 def extract_key(authorization: str | None, x_api_key: str | None = None) -> str | None:

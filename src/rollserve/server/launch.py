@@ -30,11 +30,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--world", metavar="sim|learned|SPEC", help="also serve a world model for RL rollouts"
     )
+    parser.add_argument(
+        "--status-codes", choices=("vllm-omni", "strict"), default="vllm-omni",
+        help="rollout error statuses: vLLM-Omni's (default) or rollserve's semantic 409/422/404/415/500; "
+        "a request may choose with the X-Rollserve-Status-Codes header",
+    )  # fmt: skip
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
     parser.add_argument(
         "--api-key", default=os.environ.get("ROLLSERVE_API_KEY"),
-        help="require this key on every route but /healthz (default: $ROLLSERVE_API_KEY)",
+        help="require this key on every route but /healthz and /health (default: $ROLLSERVE_API_KEY)",
     )  # fmt: skip
     parser.add_argument("--max-batch", type=int, default=8, help="most requests per model call")
     parser.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits to fill up")
@@ -104,6 +109,7 @@ def main(args: argparse.Namespace) -> int:
         max_batch_size=args.max_batch,
         max_batch_wait_ms=args.max_wait_ms,
         max_policy_sessions=args.max_sessions,
+        rollout_status_codes=args.status_codes,
         limits=WireLimits(max_frame_bytes=int(args.max_frame_mb * 1024 * 1024)),
     )
     try:

@@ -21,5 +21,6 @@ class ServerSettings:
     # rollout service
     max_rollout_sessions: int = 256
     rollout_idle_ttl_s: float = 600.0
+    rollout_status_codes: str = "vllm-omni"  # or "strict"; see server/rollout/status_codes.py
     # wire limits, shared by every transport
     limits: WireLimits = field(default_factory=WireLimits)

@@ -1,8 +1,9 @@
 """HTTP routes of the rollout API: bodies in (JSON or msgpack), status codes out. No rules here.
 
-Every error answers with a typed body and a status that means what it says; a step's error body
-is still the full step response, so the client learns ``committed_step_id`` from it. Bodies are
-read with a size cap before anything is parsed, and nothing internal (tracebacks) is sent.
+Every error answers with a typed body; its status follows the request's mode (vLLM-Omni's codes by
+default, rollserve's semantic ones in strict mode, see ``status_codes``). A step's error body is
+still the full step response, so the client learns ``committed_step_id`` from it. Bodies are read
+with a size cap before anything is parsed, and nothing internal (tracebacks) is sent.
 """
 
 from __future__ import annotations
@@ -21,13 +22,12 @@ from rollserve.server.metrics import METRICS
 from rollserve.server.rollout.protocol import (
     BatchStepRequest,
     CreateSessionRequest,
-    ErrorObject,
-    ErrorResponse,
     ForkSessionRequest,
     ResetSessionRequest,
     RolloutStepRequest,
     RolloutStepResponse,
 )
+from rollserve.server.rollout.status_codes import MODE_HEADER, error_body, resolve_mode, status_for
 from rollserve.server.rollout.store import RolloutError
 from rollserve.wire.codec import packb, unpackb
 from rollserve.wire.errors import FRAME_TOO_LARGE, WireError
@@ -41,22 +41,6 @@ logger = logging.getLogger(__name__)
 
 MSGPACK = "application/msgpack"
 _MSGPACK_TYPES = (MSGPACK, "application/x-msgpack")
-HTTP_STATUS: dict[str, int] = {
-    "invalid_request": 422,
-    "session_not_found": 404,
-    "model_not_found": 404,
-    "step_already_committed": 409,
-    "step_out_of_order": 409,
-    "session_exists": 409,
-    "session_closed": 410,
-    "session_expired": 410,
-    "payload_too_large": 413,
-    "unsupported_media_type": 415,
-    "inference_error": 500,
-    "internal_error": 500,
-    "at_capacity": 503,
-    "engine_unavailable": 503,
-}
 _DRAIN_FACTOR = 4  # read (and drop) up to this many times the limit, so the client gets its 413
 
 Body = TypeVar("Body", bound=BaseModel)
@@ -88,6 +72,7 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
     ) -> Response:
         METRICS.requests.labels(route=route).inc()
         raw = _wants_msgpack(request)
+        mode = resolve_mode(request.headers.get(MODE_HEADER), settings.rollout_status_codes)
         parsed: Any = None
         try:
             parsed = await _read(request, limits, optional=body_optional)
@@ -103,18 +88,17 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
             code = result.error.code if isinstance(result, RolloutStepResponse) and result.error else None
             if code:
                 METRICS.errors.labels(route=route, code=code).inc()
-            return _render(result, HTTP_STATUS.get(code, 500) if code else 200, raw)
+            return _render(result, status_for(code, mode, step=route == "step") if code else 200, raw)
         METRICS.errors.labels(route=route, code=error.code).inc()
-        status = HTTP_STATUS.get(error.code, 500)
+        status = status_for(error.code, mode, step=route == "step")
         if route == "step" and session_id is not None:
             step_id = parsed.get("step_id") if isinstance(parsed, dict) else None
             step_id = step_id if isinstance(step_id, int) and not isinstance(step_id, bool) else -1
             refused = await service.refused_step(session_id, step_id, error.code, error.message)
             return _render(refused, status, raw)
-        detail = ErrorObject(
-            code=error.code, message=error.message, committed_step_id=error.committed_step_id
+        return _render_plain(
+            error_body(error.code, error.message, error.committed_step_id, status, mode), status, raw
         )
-        return _render(ErrorResponse(error=detail), status, raw)
 
     async def create_session(request: Request) -> Response:
         return await serve(
@@ -235,6 +219,12 @@ def _render(body: BaseModel, status: int, raw: bool) -> Response:
     if raw:
         return Response(packb(body.model_dump(mode="python")), status_code=status, media_type=MSGPACK)
     return JSONResponse(body.model_dump(mode="json"), status_code=status)
+
+
+def _render_plain(body: dict[str, Any], status: int, raw: bool) -> Response:
+    if raw:
+        return Response(packb(body), status_code=status, media_type=MSGPACK)
+    return JSONResponse(body, status_code=status)
 
 
 def _validation_message(exc: ValidationError) -> str:
