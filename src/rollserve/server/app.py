@@ -10,7 +10,9 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import PlainTextResponse, Response
+from fastapi.routing import APIRoute
 
 from rollserve.server.auth import ApiKeyMiddleware
 from rollserve.server.metrics import METRICS
@@ -69,9 +71,25 @@ def create_app(
 
         add_policy_routes(app, policy, settings)
     if rollout is not None:
+        from rollserve.server.rollout.openapi import rollout_openapi_routes
         from rollserve.server.rollout.routes import ROUTE_PREFIX, build_rollout_router
 
         app.mount(ROUTE_PREFIX, build_rollout_router(rollout, settings))
+        _document(app, rollout_openapi_routes(ROUTE_PREFIX))
 
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     return app
+
+
+def _document(app: FastAPI, extra: list[APIRoute]) -> None:
+    """``/openapi.json`` (and so ``/docs``) also describes ``extra``: schema-only declarations of
+    routes served by plain Starlette handlers, which FastAPI cannot see."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = get_openapi(
+                title=app.title, version=app.version, routes=[*app.routes, *extra]
+            )
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -146,7 +146,25 @@ class BatchStepResponse(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    """Body of a non-step error: the code, a message, and the session's committed step when known."""
+    """Body of a non-step error in strict mode: the code, a message, the session's committed step."""
 
     model_config = ConfigDict(extra="allow")
     error: ErrorObject
+
+
+class VllmErrorInfo(BaseModel):
+    """vLLM's error object, with rollserve's typed code (``reason``) and ``committed_step_id`` added."""
+
+    message: str
+    type: str = Field(description="The HTTP status phrase, e.g. 'Not Found'.")
+    param: str | None = None
+    code: int = Field(description="The HTTP status.")
+    reason: str = Field(description="rollserve's error code, e.g. 'session_not_found'.")
+    committed_step_id: int = -1
+
+
+class VllmErrorResponse(BaseModel):
+    """Body of a non-step error in vLLM-Omni mode (the default): vLLM's error body plus FastAPI's detail."""
+
+    detail: str
+    error: VllmErrorInfo

@@ -16,6 +16,8 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import Any, Literal
 
+from rollserve.server.rollout.protocol import ErrorObject, ErrorResponse, VllmErrorInfo, VllmErrorResponse
+
 StatusMode = Literal["vllm-omni", "strict"]
 MODES: tuple[StatusMode, ...] = ("vllm-omni", "strict")
 DEFAULT_MODE: StatusMode = "vllm-omni"
@@ -73,22 +75,13 @@ def error_body(
 ) -> dict[str, Any]:
     """The body of a non-step error: vLLM's error object (strict: rollserve's), typed code inside."""
     if mode == "strict":
-        return {
-            "error": {
-                "code": code,
-                "message": message,
-                "step_id": None,
-                "committed_step_id": committed_step_id,
-            }
-        }
-    return {
-        "detail": message,
-        "error": {
-            "message": message,
-            "type": HTTPStatus(status).phrase,
-            "param": None,
-            "code": status,
-            "reason": code,
-            "committed_step_id": committed_step_id,
-        },
-    }
+        strict = ErrorObject(code=code, message=message, committed_step_id=committed_step_id)
+        return ErrorResponse(error=strict).model_dump()
+    info = VllmErrorInfo(
+        message=message,
+        type=HTTPStatus(status).phrase,
+        code=status,
+        reason=code,
+        committed_step_id=committed_step_id,
+    )
+    return VllmErrorResponse(detail=message, error=info).model_dump()
