@@ -205,3 +205,120 @@ async def test_batch_wait_expects_the_clients_seen_last_time() -> None:
         assert [f.result(5).batch_size for f in later] == [3, 3, 3]
     finally:
         worker.close()
+
+
+# -- running cheap requests inline (no thread hand-off) ----------------------------------------------
+def _recording(names: list[str], cost_s: float = 0.0):  # type: ignore[no-untyped-def]
+    def run(items: list[int]) -> list[int]:
+        names.append(threading.current_thread().name)
+        if cost_s:
+            time.sleep(cost_s)
+        return _doubling(items)
+
+    return run
+
+
+async def test_a_cheap_model_runs_inline_once_measured_on_the_thread() -> None:
+    names: list[str] = []
+    worker = BatchingWorker(_recording(names), name="test-engine", inline_below_s=0.05)
+    try:
+        results = [await worker.submit(i) for i in range(6)]
+        assert [r.value for r in results] == [0, 2, 4, 6, 8, 10]
+        here = threading.current_thread().name
+        assert names == ["test-engine"] * 3 + [here] * 3  # three measured runs, then the caller's thread
+        assert all(r.batch_size == 1 and r.queue_wait_s == 0.0 for r in results[3:])
+        assert worker.stats.items == 6
+    finally:
+        worker.close()
+
+
+async def test_a_model_slower_than_the_bound_never_runs_inline() -> None:
+    names: list[str] = []
+    worker = BatchingWorker(_recording(names, cost_s=0.01), name="test-engine", inline_below_s=0.002)
+    try:
+        for i in range(5):
+            assert (await worker.submit(i)).value == 2 * i
+        assert names == ["test-engine"] * 5
+    finally:
+        worker.close()
+
+
+async def test_inline_is_off_by_default() -> None:
+    names: list[str] = []
+    worker = BatchingWorker(_recording(names), name="test-engine")
+    try:
+        for i in range(5):
+            await worker.submit(i)
+        assert names == ["test-engine"] * 5
+    finally:
+        worker.close()
+
+
+async def test_a_model_that_turns_slow_goes_back_to_the_thread_at_once() -> None:
+    names: list[str] = []
+    slow = threading.Event()
+
+    def run(items: list[int]) -> list[int]:
+        names.append(threading.current_thread().name)
+        if slow.is_set():
+            time.sleep(0.02)
+        return _doubling(items)
+
+    worker = BatchingWorker(run, name="test-engine", inline_below_s=0.005)
+    try:
+        for i in range(4):
+            await worker.submit(i)
+        here = threading.current_thread().name
+        assert names[-1] == here
+        slow.set()
+        await worker.submit(4)  # runs inline (nothing measured it slow yet), and is measured slow
+        await worker.submit(5)
+        assert names[-2:] == [here, "test-engine"]
+    finally:
+        worker.close()
+
+
+async def test_no_request_runs_inline_while_a_batch_runs_on_the_thread() -> None:
+    gate = threading.Event()
+    running, overlap = [0], [0]
+    lock = threading.Lock()
+
+    def run(items: list[int]) -> list[int]:
+        with lock:
+            running[0] += 1
+            overlap[0] = max(overlap[0], running[0])
+        if items == [100]:
+            gate.wait(5)
+        with lock:
+            running[0] -= 1
+        return _doubling(items)
+
+    worker = BatchingWorker(run, inline_below_s=1.0)
+    try:
+        for i in range(3):
+            await worker.submit(i)
+        blocked = worker.submit_future(100)  # occupies the thread until the gate opens
+        await asyncio.sleep(0.05)
+        queued = asyncio.ensure_future(worker.submit(7))
+        await asyncio.sleep(0.05)
+        assert not queued.done()  # it waits for the thread; it did not run beside the blocked batch
+        gate.set()
+        assert (await queued).value == 14 and blocked.result(5).value == 200
+        assert overlap[0] == 1
+    finally:
+        worker.close()
+
+
+async def test_inline_errors_reach_the_caller_and_close_still_refuses() -> None:
+    def run(items: list[int]) -> list[int | BaseException]:
+        return [ValueError("bad item") if item < 0 else 2 * item for item in items]
+
+    worker = BatchingWorker(run, inline_below_s=1.0)
+    for i in range(3):
+        await worker.submit(i)
+    with pytest.raises(ValueError, match="bad item"):
+        await worker.submit(-1)
+    assert (await worker.submit(4)).value == 8
+    worker.close()
+    with pytest.raises(EngineClosed):
+        await worker.submit(1)

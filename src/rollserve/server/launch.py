@@ -45,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits to fill up")
     parser.add_argument("--max-sessions", type=int, default=64, help="most concurrent policy sessions")
     parser.add_argument(
+        "--inline-below-ms", type=float, default=0.25,
+        help="run a request on the event loop, not the engine thread, when the engine is idle and the "
+        "policy's recent calls took less than this (0: never)",
+    )  # fmt: skip
+    parser.add_argument(
         "--rtc-horizon", type=int, default=None, help="RTC execution horizon (default: the policy's)"
     )
     parser.add_argument(
@@ -108,6 +113,7 @@ def main(args: argparse.Namespace) -> int:
         api_key=args.api_key or None,
         max_batch_size=args.max_batch,
         max_batch_wait_ms=args.max_wait_ms,
+        inline_below_ms=args.inline_below_ms,
         max_policy_sessions=args.max_sessions,
         rollout_status_codes=args.status_codes,
         limits=WireLimits(max_frame_bytes=int(args.max_frame_mb * 1024 * 1024)),

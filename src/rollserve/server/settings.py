@@ -17,6 +17,9 @@ class ServerSettings:
     # policy engine
     max_batch_size: int = 8
     max_batch_wait_ms: float = 2.0
+    # a request may run on the event loop (no thread hand-off) when the engine is idle and the
+    # policy's recent calls all took less than this; 0 always hands off to the engine thread
+    inline_below_ms: float = 0.25
     max_policy_sessions: int = 64
     # rollout service
     max_rollout_sessions: int = 256

@@ -62,10 +62,17 @@ def add_policy_routes(app: FastAPI, service: PolicyService, settings: ServerSett
         await _OpenpiSocket(websocket, service, settings.limits).run()
 
 
+# Metric children looked up once, not per request (each ``labels()`` call hashes and locks).
+_QUEUE_WAIT = METRICS.queue_wait.labels(kind="policy")
+_INFERENCE = METRICS.inference.labels(kind="policy")
+_BATCH_SIZE = METRICS.batch_size.labels(kind="policy")
+_REQUESTS = {route: METRICS.requests.labels(route=route) for route in ("policy_ws", "openpi")}
+
+
 def _observe_timings(reply: ActionChunkMsg) -> None:
-    METRICS.queue_wait.labels(kind="policy").observe(reply.queue_wait_ms / 1000.0)
-    METRICS.inference.labels(kind="policy").observe(reply.inference_ms / 1000.0)
-    METRICS.batch_size.labels(kind="policy").observe(reply.batch_size)
+    _QUEUE_WAIT.observe(reply.queue_wait_ms / 1000.0)
+    _INFERENCE.observe(reply.inference_ms / 1000.0)
+    _BATCH_SIZE.observe(reply.batch_size)
 
 
 class _SessionSocket:
@@ -137,7 +144,7 @@ class _SessionSocket:
 
     async def _observe(self, msg: ObservationMsg) -> None:
         seq_id = msg.header.seq_id
-        METRICS.requests.labels(route=self.route).inc()
+        _REQUESTS[self.route].inc()
         if self.session is None:
             await self._error(UNKNOWN_SESSION, "open a session before sending observations", seq_id)
             return
@@ -223,7 +230,7 @@ class _OpenpiSocket:
         while (message := await self.ws.receive())["type"] != _DISCONNECT:
             started = time.perf_counter()
             seq_id += 1
-            METRICS.requests.labels(route=self.route).inc()
+            _REQUESTS[self.route].inc()
             try:
                 reply = await self._infer(session, message.get("bytes"), seq_id)
             except (PolicyError, WireError) as exc:

@@ -47,6 +47,7 @@ class PolicyService:
             max_batch_size=self.settings.max_batch_size if self.request_path.batched else 1,
             max_wait_s=self.settings.max_batch_wait_ms / 1000.0,
             name="rollserve-policy-engine",
+            inline_below_s=self.settings.inline_below_ms / 1000.0,
         )
 
     @classmethod
