@@ -51,6 +51,7 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
     replayed: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
+    actions: np.ndarray | None = None  # [1, 8]: the action a world-action model chose (step without action)
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,11 @@ class RolloutClient:
         observation: dict[str, Any] | None = None,
         use_session_context: bool = True,
     ) -> StepResult:
-        """Apply ``action`` as step ``step_id``, exactly once however often the network drops it."""
+        """Apply ``action`` as step ``step_id``, exactly once however often the network drops it.
+
+        ``action=None`` sends an empty ``Action()``: a world with a policy picks the action itself
+        and returns it in ``StepResult.actions``; other worlds refuse with ``invalid_request``.
+        """
         call = StepCall(session_id, step_id, action, observation, use_session_context)
         body = _step_body(call)
         path = f"/v1/realtime/sessions/{session_id}/step"
@@ -265,7 +270,7 @@ def _step_body(call: StepCall) -> dict[str, Any]:
     return {
         "step_id": call.step_id,
         "observation": call.observation or {},
-        "action": action_body(call.action),
+        "action": {} if call.action is None else action_body(call.action),
         "use_session_context": call.use_session_context,
     }
 
@@ -286,6 +291,7 @@ def _step_result(status: int | None, payload: dict[str, Any]) -> StepResult:
         info=nxt.get("info") or {},
         replayed=bool(payload.get("replayed")),
         metadata=meta,
+        actions=None if nxt.get("actions") is None else np.asarray(nxt["actions"], dtype=np.float32),
     )
 
 

@@ -32,6 +32,7 @@ class WorldSpec:
     fps: float = 15.0
     max_episode_steps: int = 200
     requires_action: bool = True
+    acts: bool = False  # a world-action model: a step without an action gets the world's own
     description: str = ""
     aliases: tuple[str, ...] = ()
 
@@ -74,6 +75,7 @@ class WorldSpec:
             "description": self.description,
             "fps": self.fps,
             "max_episode_steps": self.max_episode_steps,
+            "acts": self.acts,
             "observation": observation,
             "action": action,
         }
@@ -89,10 +91,13 @@ class WorldInit:
 
 @dataclass(frozen=True)
 class WorldStep:
-    """One step: the state to step from, the DROID action, and the folded request (prompt, images)."""
+    """One step: the state to step from, the DROID action, and the folded request (prompt, images).
+
+    ``action`` is None only for a world whose ``spec.acts``: the world picks the action itself.
+    """
 
     state: Any
-    action: np.ndarray
+    action: np.ndarray | None
     inputs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -110,6 +115,7 @@ class WorldOutput:
     terminated: bool = False
     uncertainty: float | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    action: Any = None  # the action a world-action model chose itself (None when it applied the request's)
 
 
 @runtime_checkable

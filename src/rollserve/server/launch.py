@@ -31,6 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--world", metavar="sim|learned|SPEC", help="also serve a world model for RL rollouts"
     )
     parser.add_argument(
+        "--world-policy", metavar="reference|served|SPEC",
+        help="let the world act when a step has no action: the reference flow policy, the policy "
+        "this server serves (--policy), or a policy factory 'module.path:factory'",
+    )  # fmt: skip
+    parser.add_argument(
         "--status-codes", choices=("vllm-omni", "strict"), default="vllm-omni",
         help="rollout error statuses: vLLM-Omni's (default) or rollserve's semantic 409/422/404/415/500; "
         "a request may choose with the X-Rollserve-Status-Codes header",
@@ -74,7 +79,21 @@ def parse_policy_args(items: list[str]) -> dict[str, Any]:
     return kwargs
 
 
-def _load_rollout(world_spec: str, settings: ServerSettings) -> Any:
+def _world_policy(spec: str | None, served: Any) -> Any:
+    """The policy a world acts with (``--world-policy``), or None."""
+    if not spec:
+        return None
+    if spec == "served":
+        if served is None:
+            raise ValueError("--world-policy served needs --policy SPEC")
+        return served.policy
+    from rollserve.models.loading import load_policy
+    from rollserve.models.world_action import REFERENCE_POLICY
+
+    return load_policy(REFERENCE_POLICY if spec == "reference" else spec)
+
+
+def _load_rollout(world_spec: str, settings: ServerSettings, world_policy: Any = None) -> Any:
     try:
         worlds = importlib.import_module("rollserve.models.worlds")
         service_module = importlib.import_module("rollserve.server.rollout.service")
@@ -82,7 +101,12 @@ def _load_rollout(world_spec: str, settings: ServerSettings) -> Any:
         if exc.name and exc.name.startswith("rollserve"):
             raise ValueError("world serving is not available in this build of rollserve") from exc
         raise
-    return service_module.RolloutService(worlds.load_world(world_spec), settings)
+    world = worlds.load_world(world_spec)
+    if world_policy is not None:
+        from rollserve.models.world_action import ActingWorld
+
+        world = ActingWorld(world, world_policy)
+    return service_module.RolloutService(world, settings)
 
 
 def _describe(policy: Any, rollout: Any, settings: ServerSettings, url: str) -> str:
@@ -95,7 +119,8 @@ def _describe(policy: Any, rollout: Any, settings: ServerSettings, url: str) -> 
             f"at ws {url.replace('http', 'ws', 1)}/v1/policy/ws and openpi ws {url.replace('http', 'ws', 1)}/"
         )
     if rollout is not None:
-        parts.append("rollouts at /v1/realtime/sessions")
+        acts = " (acts by itself when a step has no action)" if rollout.world.spec.acts else ""
+        parts.append(f"rollouts at /v1/realtime/sessions{acts}")
     parts.append("api key required" if settings.api_key else "no api key")
     return " | ".join(parts)
 
@@ -133,7 +158,7 @@ def main(args: argparse.Namespace) -> int:
                 execution_horizon=args.rtc_horizon, openpi_layout=args.openpi_layout,
             )  # fmt: skip
         if args.world:
-            rollout = _load_rollout(args.world, settings)
+            rollout = _load_rollout(args.world, settings, _world_policy(args.world_policy, policy))
     except ValueError as exc:  # PolicyLoadError and bad arguments: a clear message, no traceback
         print(f"rollserve serve: error: {exc}", file=sys.stderr)
         sock.close()

@@ -69,17 +69,20 @@ PASS_THROUGH_KEYS = frozenset({"seed", "embodiment_name"})
 _MESSAGE_LIMIT = 300
 
 
-def fold_action_into_observation(observation: Observation, action: Action | None) -> dict[str, Any]:
+def fold_action_into_observation(
+    observation: Observation, action: Action | None, *, state_fallback: bool = True
+) -> dict[str, Any]:
     """The world's input in DROID keys: the executed action becomes ``observation/joint_position``
-    (7) and ``observation/gripper_position`` (1); without one, ``observation.state`` supplies them.
-    Raises ``ValueError`` on a wrong count."""
+    (7) and ``observation/gripper_position`` (1); without one, ``observation.state`` supplies them
+    (unless ``state_fallback`` is off: a world-action model picks its own). Raises ``ValueError``
+    on a wrong count."""
     folded: dict[str, Any] = {"prompt": observation.prompt, **(observation.images or {})}
     folded.update(
         {k: v for k, v in observation.extra.items() if k.startswith("observation/") or k in PASS_THROUGH_KEYS}
     )
     joints = action.joint_positions if action is not None else None
     gripper = action.gripper_position if action is not None else None
-    state = observation.state or []
+    state = (observation.state or []) if state_fallback else []
     if joints is None and state:
         joints = state[:7]
         if gripper is None and len(state) > 7:
@@ -371,9 +374,10 @@ class RolloutService:
             if last is not None and last.step_id == req.step_id:
                 message += "; this request differs from the one committed, so its result is not returned"
             return self._refused(req.step_id, "step_already_committed", message, committed, context)
+        acting = self.world.spec.acts and _empty(req.action)
         try:
-            inputs = fold_action_into_observation(req.observation, req.action)
-            action = self._action_vector(inputs)
+            inputs = fold_action_into_observation(req.observation, req.action, state_fallback=not acting)
+            action = None if acting else self._action_vector(inputs)
             init = _start_from(inputs)
         except (ValueError, TypeError) as exc:
             return self._refused(req.step_id, "invalid_request", _short(exc), committed, context)
@@ -410,6 +414,7 @@ class RolloutService:
                 step_id=req.step_id,
                 fingerprint=plan.fingerprint,
                 observation=as_float32(out.observation),
+                actions=None if out.action is None else self._chosen_action(out.action),
                 reward=_finite(out.reward, "reward"),
                 terminated=bool(out.terminated),
                 uncertainty=None if out.uncertainty is None else _finite(out.uncertainty, "uncertainty"),
@@ -461,13 +466,23 @@ class RolloutService:
         spec = self.world.spec
         joints, gripper = inputs.get(JOINT_KEY), inputs.get(GRIPPER_KEY)
         if (joints is None or gripper is None) and spec.requires_action:
+            acting = "" if spec.acts else "; it has no policy to act by itself (serve it with --world-policy)"
             raise ValueError(
                 f"world {spec.name!r} needs action.joint_positions (7 values) and action.gripper_position "
-                "(1 value), or an observation.state that starts with them"
+                f"(1 value), or an observation.state that starts with them{acting}"
             )
         joints = np.zeros(7) if joints is None else joints
         gripper = np.zeros(1) if gripper is None else gripper
         return np.concatenate([joints, gripper]).astype(np.float32)
+
+    def _chosen_action(self, action: Any) -> np.ndarray:
+        """A world-chosen action as the ``[1, action_dim]`` float32 rows the response carries."""
+        rows = as_float32(action).reshape(1, -1)
+        if rows.shape[1] != self.world.spec.action_dim:
+            raise ValueError(
+                f"world chose an action of {rows.shape[1]} values, not {self.world.spec.action_dim}"
+            )
+        return rows
 
     # -- engine ---------------------------------------------------------------------------------------
     async def _run(self, calls: list[WorldCall]) -> list[Completed | BaseException]:
@@ -559,12 +574,20 @@ def _start_from(inputs: dict[str, Any]) -> WorldInit | None:
 
 
 def _next_observation(record: StepRecord, raw: bool) -> dict[str, Any]:
-    return {
+    out = {
         **encode_tensor_field(record.observation, raw=raw),
         "reward": record.reward,
         "terminated": record.terminated,
         "info": record.info,
     }
+    if record.actions is not None:  # a world-action model chose the step's action: [1, action_dim]
+        out["actions"] = record.actions.tolist()
+    return out
+
+
+def _empty(action: Action) -> bool:
+    """An action that names nothing to execute (``Action()``): a world-action model acts by itself."""
+    return action.joint_positions is None and action.gripper_position is None
 
 
 def _fingerprint(req: RolloutStepRequest) -> str:

@@ -46,6 +46,7 @@ class StepRecord:
     terminated: bool
     uncertainty: float | None
     info: dict[str, Any]
+    actions: np.ndarray | None = None  # the action a world-action model chose, [1, action_dim]
 
 
 @dataclass

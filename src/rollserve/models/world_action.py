@@ -1,0 +1,158 @@
+"""World-action models: a world with a policy, which picks the action itself when a step has none.
+
+DreamZero is a "world action model": it outputs actions next to the next video, so a step with an
+empty ``Action()`` succeeds. ``ActingWorld`` gives any served world that ability with any chunking
+policy (the reference flow policy, a policy factory, or the policy the same server serves).
+
+It stays functional. An ``ActingState`` holds the wrapped world's state, the observation the
+policy sees, and the actions still to execute from the last predicted chunk. When a step brings
+no action the world plays the next planned action, or, with none left, asks the policy for a chunk
+whose noise is seeded from the committed observation; so the chosen action depends only on the
+committed state, and a retry, a replay, a fork or a second session from the same seed chooses the
+same one. A step with an action applies it and drops the plan (the client took over).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from rollserve.models.policy import Policy, PolicyRequest, make_processors
+from rollserve.models.world import WorldInit, WorldModel, WorldOutput, WorldStep
+
+REFERENCE_POLICY = "rollserve.models.checkpoint:load_default"
+DEFAULT_EXECUTE = 8  # actions played from each chunk before the policy is asked again
+
+
+@dataclass(frozen=True)
+class ActingState:
+    """The wrapped world's state, the observation the policy sees, and the planned actions left."""
+
+    inner: Any
+    observation: np.ndarray
+    plan: np.ndarray  # (k, action_dim) robot-space actions, k may be 0
+
+
+class ActingWorld:
+    """``world`` plus ``policy``: a step whose action is ``None`` gets the policy's action.
+
+    The policy must take the world's observation vector as its state and return actions in the
+    world's action layout; ``execute`` actions of each chunk are played before predicting again.
+    Its processors must be pure functions (the reference policy's normalise and unnormalise).
+    """
+
+    def __init__(self, world: WorldModel, policy: Policy, *, execute: int = DEFAULT_EXECUTE) -> None:
+        meta = policy.metadata
+        spec = world.spec
+        if meta.state_dim != spec.observation_dim:
+            raise ValueError(
+                f"policy {meta.name!r} takes a {meta.state_dim}-value state, but world {spec.name!r} "
+                f"observes {spec.observation_dim} values"
+            )
+        if meta.action_dim != spec.action_dim:
+            raise ValueError(
+                f"policy {meta.name!r} outputs {meta.action_dim} actions, "
+                f"world {spec.name!r} takes {spec.action_dim}"
+            )
+        if not 1 <= execute <= meta.chunk_size:
+            raise ValueError(f"execute must be in [1, {meta.chunk_size}], got {execute}")
+        self.world = world
+        self.policy = policy
+        self.execute = execute
+        self._processors = make_processors(policy)
+        note = f"acts with policy {meta.name!r} when a step has no action"
+        self.spec = replace(
+            spec, acts=True, description=f"{spec.description}; {note}" if spec.description else note
+        )
+
+    def initial_states(self, inits: Sequence[WorldInit]) -> list[WorldOutput | BaseException]:
+        return [
+            self._wrap(out, np.empty((0, self.spec.action_dim), np.float32))
+            for out in self.world.initial_states(inits)
+        ]
+
+    def step_batch(self, steps: Sequence[WorldStep]) -> list[WorldOutput | BaseException]:
+        """Plan where needed (one policy call for the batch), then one step of the wrapped world."""
+        chosen: list[tuple[np.ndarray, np.ndarray] | BaseException | None] = [None] * len(steps)
+        need: list[int] = []
+        for i, step in enumerate(steps):
+            state = step.state
+            if not isinstance(state, ActingState):
+                chosen[i] = TypeError(f"an acting world steps ActingState, not {type(state).__name__}")
+            elif step.action is not None:
+                chosen[i] = (
+                    np.asarray(step.action, np.float32),
+                    np.empty((0, self.spec.action_dim), np.float32),
+                )
+            elif len(state.plan):
+                chosen[i] = (state.plan[0], state.plan[1:])
+            else:
+                need.append(i)
+        for i, plan in zip(need, self._plan([steps[i].state.observation for i in need]), strict=True):
+            chosen[i] = plan if isinstance(plan, BaseException) else (plan[0], plan[1:])
+        runnable = [i for i, c in enumerate(chosen) if not isinstance(c, BaseException)]
+        inner = [WorldStep(steps[i].state.inner, chosen[i][0], steps[i].inputs) for i in runnable]  # type: ignore[index]
+        results: list[WorldOutput | BaseException] = [c for c in chosen]  # type: ignore[misc]
+        for i, out in zip(runnable, self.world.step_batch(inner) if inner else [], strict=True):
+            action, rest = chosen[i]  # type: ignore[misc]
+            wrapped = self._wrap(out, rest)
+            if isinstance(wrapped, WorldOutput) and steps[i].action is None:
+                wrapped = replace(wrapped, action=action)
+            results[i] = wrapped
+        return results
+
+    def close(self) -> None:
+        self.world.close()
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _plan(self, observations: list[np.ndarray]) -> list[np.ndarray | BaseException]:
+        """The next ``execute`` robot-space actions for each observation, or the error that stopped it."""
+        if not observations:
+            return []
+        try:
+            batches = []
+            for obs in observations:
+                batch = self._processors.pre({"state": np.array(obs, dtype=np.float32)})
+                batch["seed"] = seed_of(obs)
+                batches.append(batch)
+            batched = getattr(self.policy, "predict_action_chunks", None)
+            if callable(batched):
+                chunks = batched([PolicyRequest(batch) for batch in batches])
+            else:
+                chunks = [self.policy.predict_action_chunk(batch) for batch in batches]
+            plans = []
+            for chunk in chunks:
+                robot = np.asarray(self._processors.post(np.asarray(chunk)), dtype=np.float32)[: self.execute]
+                if (
+                    robot.ndim != 2
+                    or robot.shape[1] != self.spec.action_dim
+                    or not np.all(np.isfinite(robot))
+                ):
+                    raise ValueError(f"policy returned an unusable chunk of shape {robot.shape}")
+                plans.append(_frozen(robot))
+            return plans
+        except Exception as exc:
+            return [exc] * len(observations)
+
+    @staticmethod
+    def _wrap(out: WorldOutput | BaseException, plan: np.ndarray) -> WorldOutput | BaseException:
+        if isinstance(out, BaseException):
+            return out
+        observation = _frozen(np.asarray(out.observation, dtype=np.float32).reshape(-1))
+        return replace(out, state=ActingState(out.state, observation, _frozen(plan)))
+
+
+def seed_of(observation: np.ndarray) -> int:
+    """The policy's noise seed for a committed observation: the same state always plans the same."""
+    digest = hashlib.sha256(np.ascontiguousarray(observation, dtype="<f4").tobytes()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array = np.array(array, dtype=np.float32, copy=True)
+    array.flags.writeable = False
+    return array
