@@ -1,18 +1,61 @@
-"""The batching worker: off-loop execution, batching, per-item errors, superseding, shutdown."""
+"""The batching worker: off-loop execution, batching, per-item errors, superseding, shutdown.
+
+No test uses ``sleep`` as a barrier: each waits on an event the worker sets. Every test runs twice,
+with a prompt worker and with one that wakes 150 ms late before each batch (a loaded machine), and
+must pass both ways.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from rollserve.engine import BatchingWorker, EngineClosed, Superseded
 
+WAIT = 10.0  # seconds any single step may take before the test fails instead of hanging
+
+
+@pytest.fixture(autouse=True, params=[0.0, 0.15], ids=["prompt-worker", "late-worker"])
+def worker_wake_delay(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[float]:
+    """Delay the worker thread by ``param`` seconds each time it goes to take a batch."""
+    delay = request.param
+    take_batch = BatchingWorker._take_batch
+
+    def late_take_batch(self: BatchingWorker) -> object:
+        if delay and threading.current_thread() is self._thread:
+            time.sleep(delay)
+        return take_batch(self)
+
+    monkeypatch.setattr(BatchingWorker, "_take_batch", late_take_batch)
+    yield delay
+
 
 def _doubling(items: list[int]) -> list[int]:
     return [2 * item for item in items]
+
+
+class Gate:
+    """A model that blocks until released, and says when it started a batch (the test's barrier)."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.sizes: list[int] = []
+        self.ran: list[int] = []
+
+    def run(self, items: list[int]) -> list[int]:
+        self.started.set()
+        assert self.release.wait(WAIT)
+        self.sizes.append(len(items))
+        self.ran.extend(items)
+        return _doubling(items)
+
+    async def wait_started(self) -> None:
+        assert await asyncio.to_thread(self.started.wait, WAIT)
 
 
 async def test_runs_in_worker_thread_and_returns_timings() -> None:
@@ -34,25 +77,17 @@ async def test_runs_in_worker_thread_and_returns_timings() -> None:
 
 
 async def test_concurrent_requests_share_one_batch() -> None:
-    gate = threading.Event()
-    sizes: list[int] = []
-
-    def run(items: list[int]) -> list[int]:
-        gate.wait(5)
-        sizes.append(len(items))
-        return _doubling(items)
-
-    worker = BatchingWorker(run, max_batch_size=8, max_wait_s=0.02)
+    gate = Gate()
+    worker = BatchingWorker(gate.run, max_batch_size=8, max_wait_s=0.02)
     try:
         first = worker.submit_future(0)  # occupies the worker until the gate opens
-        await asyncio.sleep(0.2)
-        later = [asyncio.ensure_future(worker.submit(i)) for i in range(1, 5)]
-        await asyncio.sleep(0.05)
-        gate.set()
-        results = await asyncio.gather(*later)
-        assert first.result(5).value == 0
+        await gate.wait_started()
+        later = [worker.submit_future(i) for i in range(1, 5)]  # all queued while the model runs
+        gate.release.set()
+        results = [f.result(WAIT) for f in later]
+        assert first.result(WAIT).value == 0
         assert [r.value for r in results] == [2, 4, 6, 8]
-        assert sizes[-1] == 4 and all(r.batch_size == 4 for r in results)
+        assert gate.sizes == [1, 4] and all(r.batch_size == 4 for r in results)
         assert worker.stats.max_batch_seen == 4
     finally:
         worker.close()
@@ -99,24 +134,17 @@ async def test_submit_many_spanning_several_batches_returns_every_result_in_orde
 
 
 async def test_cancelled_submit_many_does_not_run_what_is_still_queued() -> None:
-    gate = threading.Event()
-    ran: list[int] = []
-
-    def run(items: list[int]) -> list[int]:
-        gate.wait(5)
-        ran.extend(items)
-        return _doubling(items)
-
-    worker = BatchingWorker(run, max_batch_size=1)
+    gate = Gate()
+    worker = BatchingWorker(gate.run, max_batch_size=1)
     try:
         task = asyncio.ensure_future(worker.submit_many([1, 2, 3]))
-        await asyncio.sleep(0.1)  # item 1 is running (waiting on the gate), 2 and 3 are queued
+        await gate.wait_started()  # item 1 is running (waiting on the gate), 2 and 3 are queued
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        gate.set()
-        assert (await worker.submit(4)).value == 8
-        assert ran == [1, 4]
+        gate.release.set()
+        assert (await asyncio.wait_for(worker.submit(4), WAIT)).value == 8
+        assert gate.ran == [1, 4]
     finally:
         worker.close()
 
@@ -140,25 +168,45 @@ async def test_model_crash_fails_every_item_but_worker_survives() -> None:
 
 
 async def test_newer_request_of_same_key_supersedes_waiting_one() -> None:
-    gate = threading.Event()
-
-    def run(items: list[int]) -> list[int]:
-        gate.wait(5)
-        return items
-
-    worker = BatchingWorker(run)
+    gate = Gate()
+    worker = BatchingWorker(gate.run)
     try:
         busy = worker.submit_future(-1, key="other")
-        await asyncio.sleep(0.05)
-        old = worker.submit_future(1, key="robot-a", tag=1)
-        new = worker.submit_future(2, key="robot-a", tag=2)
-        gate.set()
-        with pytest.raises(Superseded) as info:
-            old.result(5)
-        assert info.value.newer_tag == 2
-        assert new.result(5).value == 2
-        assert busy.result(5).value == -1
+        await gate.wait_started()
+        old = worker.submit_future(1, key="robot-a")
+        new = worker.submit_future(2, key="robot-a")
+        gate.release.set()
+        with pytest.raises(Superseded):
+            old.result(WAIT)
+        assert new.result(WAIT).value == 4
+        assert busy.result(WAIT).value == -2
         assert worker.stats.superseded == 1
+        assert gate.ran == [-1, 2]  # the superseded request never reached the model
+    finally:
+        worker.close()
+
+
+async def test_superseding_is_per_session_in_a_batch() -> None:
+    """Only a session's own older request is dropped; other sessions' requests all run, batched."""
+    gate = Gate()
+    worker = BatchingWorker(gate.run, max_batch_size=8, max_wait_s=0.0)
+    try:
+        busy = worker.submit_future(0, key="busy")
+        await gate.wait_started()
+        a1 = worker.submit_future(1, key="a")
+        b1 = worker.submit_future(2, key="b")
+        a2 = worker.submit_future(3, key="a")
+        c1 = worker.submit_future(4, key="c")
+        b2 = worker.submit_future(5, key="b")
+        unkeyed = [worker.submit_future(6), worker.submit_future(7)]  # no key: never superseded
+        gate.release.set()
+        for superseded in (a1, b1):
+            with pytest.raises(Superseded):
+                superseded.result(WAIT)
+        assert [f.result(WAIT).value for f in (a2, c1, b2, *unkeyed)] == [6, 8, 10, 12, 14]
+        assert busy.result(WAIT).value == 0
+        assert gate.ran == [0, 3, 4, 5, 6, 7] and gate.sizes == [1, 5]
+        assert worker.stats.superseded == 2
     finally:
         worker.close()
 
@@ -175,34 +223,32 @@ async def test_a_lone_client_is_not_held_back_by_the_batch_wait() -> None:
     worker = BatchingWorker(_doubling, max_batch_size=8, max_wait_s=30.0)  # a wait that would hang the test
     try:
         for i in range(3):
-            assert (await asyncio.wait_for(worker.submit(i), timeout=10)).value == 2 * i
+            assert (await asyncio.wait_for(worker.submit(i), timeout=WAIT)).value == 2 * i
     finally:
         worker.close()
 
 
 async def test_batch_wait_expects_the_clients_seen_last_time() -> None:
-    gate = threading.Event()
-    sizes: list[int] = []
+    """The next batch waits for as many requests as the last batch plus what queued meanwhile.
 
-    def run(items: list[int]) -> list[int]:
-        gate.wait(5)
-        sizes.append(len(items))
-        return items
-
-    worker = BatchingWorker(run, max_batch_size=8, max_wait_s=2.0)
+    ``max_wait_s`` is 30 s: the test passes only if the expected requests end the wait, never by
+    waiting it out.
+    """
+    gate = Gate()
+    worker = BatchingWorker(gate.run, max_batch_size=8, max_wait_s=30.0)
     try:
         first = worker.submit_future(0)
-        await asyncio.sleep(0.1)
+        await gate.wait_started()
         queued = [worker.submit_future(i) for i in range(1, 4)]  # 3 arrive while the model runs
-        gate.set()
-        first.result(5)
-        [f.result(5) for f in queued]
-        assert sizes == [1, 3]
-        # The worker now expects 3 per batch: 2 requests wait for a third, which joins their batch.
-        later = [worker.submit_future(i) for i in (10, 11)]
-        await asyncio.sleep(0.05)
-        later.append(worker.submit_future(12))
-        assert [f.result(5).batch_size for f in later] == [3, 3, 3]
+        gate.release.set()
+        assert first.result(WAIT).value == 0
+        # 1 ran + 3 queued: the worker now waits for a 4th, which completes the batch.
+        queued.append(worker.submit_future(4))
+        assert [f.result(WAIT).batch_size for f in queued] == [4, 4, 4, 4]
+        # 4 ran, none queued: the next batch again waits for 4.
+        later = [worker.submit_future(i) for i in range(10, 14)]
+        assert [f.result(WAIT).batch_size for f in later] == [4, 4, 4, 4]
+        assert gate.sizes == [1, 4, 4]
     finally:
         worker.close()
 

@@ -13,6 +13,7 @@ import pytest
 from websockets.sync.client import ClientConnection, connect
 
 from rollserve.client import PolicyClient
+from rollserve.client.policy_client import SessionRejected
 from rollserve.models.policy import PolicyRequest
 from rollserve.models.simple_policies import ChunkPolicy
 from rollserve.server.app import create_app
@@ -251,3 +252,21 @@ def test_stale_observations_are_superseded_and_reported() -> None:
         assert isinstance(reply, ActionChunkMsg)
         assert reply.header.seq_id == 3 and reply.superseded_seq_ids == [1, 2]
         assert isinstance(blocker.receive(timeout=10), ActionChunkMsg)
+
+
+def test_a_failing_make_processors_reaches_the_robot_as_a_refused_session() -> None:
+    """Regression: the exception escaped the route and the robot saw only a dropped connection."""
+    policy = ChunkPolicy()
+
+    def broken() -> Any:
+        raise ValueError("bad stats file")
+
+    policy.make_processors = broken  # type: ignore[method-assign]
+    _, server = _serve(policy)
+    with server as running, PolicyClient(running.ws_url + PATH) as client:
+        with pytest.raises(SessionRejected) as info:
+            client.open_session(state_dim=6)
+        assert info.value.ack.reason == "the policy's make_processors() failed: ValueError: bad stats file"
+        # The connection is still usable: the robot can retry on it.
+        with pytest.raises(SessionRejected):
+            client.open_session(state_dim=6)

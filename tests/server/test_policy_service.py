@@ -17,7 +17,7 @@ from rollserve.models.simple_policies import ChunkPolicy
 from rollserve.server.policy.service import PolicyService
 from rollserve.server.policy.sessions import PolicySession
 from rollserve.server.settings import ServerSettings
-from rollserve.wire import MsgHeader, ObservationMsg, SessionOpen, WireError
+from rollserve.wire import ActionChunkMsg, MsgHeader, ObservationMsg, SessionOpen, WireError
 from rollserve.wire.errors import BAD_FIELD, BAD_SHAPE, UNSUPPORTED_DTYPE
 
 A = 6
@@ -125,7 +125,7 @@ def test_policy_failures_are_per_item_and_carry_no_traceback() -> None:
     from rollserve.engine.request_path import InferenceItem
 
     results = server.run_batch(
-        [InferenceItem(session, MsgHeader(seq_id=i), obs) for i, obs in enumerate(items)]
+        [InferenceItem.of(session, MsgHeader(seq_id=i), obs) for i, obs in enumerate(items)]
     )
     assert results[0].header.seq_id == 0 and results[2].header.seq_id == 2  # type: ignore[union-attr]
     error = results[1]
@@ -180,7 +180,7 @@ def test_a_failing_batch_is_retried_item_by_item() -> None:
     server = PolicyRequestPath(policy)
     from rollserve.engine.request_path import InferenceItem
 
-    items = [InferenceItem(_session(policy), MsgHeader(seq_id=i), _obs()) for i in range(3)]
+    items = [InferenceItem.of(_session(policy), MsgHeader(seq_id=i), _obs()) for i in range(3)]
     results = server.run_batch(items)
     assert [r.header.seq_id for r in results] == [0, 1, 2]  # type: ignore[union-attr]
 
@@ -293,3 +293,113 @@ def test_describe_models_and_close() -> None:
     assert model["routes"] == {"session": "/v1/policy/ws", "openpi": "/"}
     service.close()
     assert closed == [True]
+
+
+# -- processors: one stateful pair per request, failures refused cleanly ------------------------------
+class _NumberedProcessors:
+    """Each session pair gets a number; pre tags the batch with it, post records (pre's, post's)."""
+
+    def __init__(self) -> None:
+        self.made = 0
+        self.pairs: list[tuple[int, int]] = []
+
+    def make(self) -> Processors:
+        self.made += 1
+        number = self.made
+
+        def pre(observation: dict[str, Any]) -> dict[str, Any]:
+            self.pre_number = number
+            return dict(observation)
+
+        def post(chunk: np.ndarray) -> np.ndarray:
+            self.pairs.append((self.pre_number, number))
+            return chunk
+
+        return Processors(pre=pre, post=post)
+
+
+async def test_a_reset_while_a_request_is_in_the_model_keeps_that_requests_processors() -> None:
+    """Regression: the old episode's pre and the new episode's post processed the same request."""
+    policy = _GatedPolicy()
+    numbered = _NumberedProcessors()
+    policy.make_processors = numbered.make  # type: ignore[method-assign]
+    service = PolicyService(policy, ServerSettings(max_batch_size=1, max_batch_wait_ms=0))
+    try:
+        _, session = service.open_session(SessionOpen(client_uuid="robot"))
+        assert session is not None and numbered.made == 1
+        in_flight = asyncio.ensure_future(service.infer(session, MsgHeader(seq_id=1), _obs()))
+        assert await asyncio.to_thread(policy.entered.wait, 10)
+        assert service.reset_session(session) == 1 and numbered.made == 2  # new episode, new pair
+        policy.release.set()
+        await in_flight
+        reply = await service.infer(session, MsgHeader(seq_id=2, session_epoch=1), _obs())
+        assert reply.header.seq_id == 2
+        assert numbered.pairs == [(1, 1), (2, 2)]
+    finally:
+        service.close()
+
+
+def test_a_failing_make_processors_refuses_the_session_with_the_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    policy = _policy()
+
+    def broken() -> Processors:
+        raise FileNotFoundError("normalisation stats missing")
+
+    policy.make_processors = broken  # type: ignore[method-assign]
+    service = PolicyService(policy, ServerSettings(max_policy_sessions=1))
+    try:
+        with caplog.at_level("ERROR"):
+            ack, session = service.open_session(SessionOpen(client_uuid="robot"))
+        assert not ack.accepted and session is None
+        assert ack.reason == (
+            "the policy's make_processors() failed: FileNotFoundError: normalisation stats missing"
+        )
+        assert len(service.sessions) == 0  # nothing half-opened: the one slot is still free
+        assert any(r.exc_info and "make_processors" in r.getMessage() for r in caplog.records)
+    finally:
+        service.close()
+
+
+def test_a_failing_make_processors_on_reset_is_a_typed_error_and_changes_nothing() -> None:
+    policy = _policy()
+    numbered = _NumberedProcessors()
+    policy.make_processors = numbered.make  # type: ignore[method-assign]
+    service = PolicyService(policy)
+    try:
+        _, session = service.open_session(SessionOpen(client_uuid="robot"))
+        assert session is not None
+        before = session.processors
+
+        def broken() -> Processors:
+            raise RuntimeError("no calibration")
+
+        service.sessions._make_processors = broken
+        with pytest.raises(PolicyError) as info:
+            service.reset_session(session)
+        assert info.value.code == INFERENCE_ERROR and "RuntimeError: no calibration" in info.value.message
+        assert session.epoch == 0 and session.processors is before and service.sessions.is_open(session)
+    finally:
+        service.close()
+
+
+def test_a_whole_batch_failure_is_logged_even_when_every_retry_succeeds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Picky(ChunkPolicy):
+        def predict_action_chunks(self, requests: list[PolicyRequest]) -> list[np.ndarray]:
+            if len(requests) > 1:
+                raise RuntimeError("batched kernel failed")
+            return super().predict_action_chunks(requests)
+
+    policy = Picky()
+    from rollserve.engine.request_path import InferenceItem
+
+    items = [InferenceItem.of(_session(policy), MsgHeader(seq_id=i), _obs()) for i in range(3)]
+    with caplog.at_level("ERROR", logger="rollserve.engine.request_path"):
+        results = PolicyRequestPath(policy).run_batch(items)
+    assert all(isinstance(r, ActionChunkMsg) for r in results)
+    (record,) = [r for r in caplog.records if r.name == "rollserve.engine.request_path"]
+    assert "3 requests failed" in record.getMessage()
+    assert record.exc_info is not None and "batched kernel failed" in str(record.exc_info[1])

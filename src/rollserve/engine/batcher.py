@@ -31,9 +31,8 @@ _COST_DECAY = 0.1  # how fast the recent cost follows cheaper runs (a dearer run
 class Superseded(Exception):
     """A newer request of the same key arrived before this one was run."""
 
-    def __init__(self, newer_tag: Any = None) -> None:
+    def __init__(self) -> None:
         super().__init__("superseded by a newer request of the same session")
-        self.newer_tag = newer_tag
 
 
 class EngineClosed(RuntimeError):
@@ -61,7 +60,6 @@ class _Pending:
 
     item: Any
     key: Hashable | None
-    tag: Any
     future: Future | asyncio.Future = field(default_factory=Future)
     loop: asyncio.AbstractEventLoop | None = None  # set when ``future`` belongs to this loop
     enqueued: float = field(default_factory=time.perf_counter)
@@ -85,16 +83,12 @@ class _Pending:
 
 @dataclass
 class EngineStats:
-    """Counters for /metrics and benchmarks."""
+    """Counters a test or a benchmark reads to see what the worker did."""
 
     batches: int = 0
     items: int = 0
     superseded: int = 0
     max_batch_seen: int = 0
-
-    @property
-    def mean_batch_size(self) -> float:
-        return self.items / self.batches if self.batches else 0.0
 
 
 class BatchingWorker(Generic[Req, Res]):
@@ -103,7 +97,9 @@ class BatchingWorker(Generic[Req, Res]):
     ``max_batch_size=1`` serves requests one at a time (still off the event loop). With a larger
     size, the worker waits up to ``max_wait_s`` for more requests to join a batch, but only for as
     many as it has reason to expect: the size of the previous batch plus what queued up while it
-    ran. A lone client is never delayed; a group of clients in lock-step is gathered into one call.
+    ran. A client that has been alone since its previous request is not delayed (the worker expects
+    one); a group of clients in lock-step is gathered into one call. After a batch of several, a
+    lone request waits up to ``max_wait_s`` for the others it expects (the price of batching).
 
     ``inline_below_s`` > 0 lets :meth:`submit` run a request on the caller's event loop, skipping
     the two thread hand-offs (~0.1 ms on a VM, more than a cheap model costs), but only when the
@@ -140,13 +136,13 @@ class BatchingWorker(Generic[Req, Res]):
         self._thread.start()
 
     # -- submitting ------------------------------------------------------------------------------
-    def submit_future(self, item: Req, *, key: Hashable | None = None, tag: Any = None) -> Future:
+    def submit_future(self, item: Req, *, key: Hashable | None = None) -> Future:
         """Queue one request; the future resolves to a :class:`Completed` or raises its error."""
-        pending = _Pending(item=item, key=key, tag=tag)
+        pending = _Pending(item=item, key=key)
         self._enqueue(pending)
         return pending.future  # type: ignore[return-value]
 
-    async def submit(self, item: Req, *, key: Hashable | None = None, tag: Any = None) -> Completed[Res]:
+    async def submit(self, item: Req, *, key: Hashable | None = None) -> Completed[Res]:
         """Await one request from the event loop without blocking it (cancelling it skips it if queued).
 
         A request it supersedes raises :class:`Superseded` on this loop before this one can finish.
@@ -156,7 +152,7 @@ class BatchingWorker(Generic[Req, Res]):
                 raise done
             return done
         loop = asyncio.get_running_loop()
-        pending = _Pending(item=item, key=key, tag=tag, future=loop.create_future(), loop=loop)
+        pending = _Pending(item=item, key=key, future=loop.create_future(), loop=loop)
         self._enqueue(pending)
         return await pending.future  # type: ignore[no-any-return]
 
@@ -208,7 +204,7 @@ class BatchingWorker(Generic[Req, Res]):
             return []
         loop = asyncio.get_running_loop()
         all_done = loop.create_future()
-        batch = [_Pending(item=item, key=None, tag=None) for item in items]
+        batch = [_Pending(item=item, key=None) for item in items]
         countdown = itertools.count(len(batch) - 1, -1)  # next() is atomic: callbacks may race
 
         def one_done(_: Future) -> None:
@@ -253,17 +249,17 @@ class BatchingWorker(Generic[Req, Res]):
                 raise EngineClosed("inference engine is shut down")
             for pending in batch:
                 if pending.key is not None:
-                    self._supersede_locked(pending.key, pending.tag)
+                    self._supersede_locked(pending.key)
                 self._pending.append(pending)
             self._cond.notify()
 
     # -- the worker thread ----------------------------------------------------------------------
-    def _supersede_locked(self, key: Hashable, newer_tag: Any) -> None:
+    def _supersede_locked(self, key: Hashable) -> None:
         keep: deque[_Pending] = deque()
         for pending in self._pending:
             if pending.key == key:
                 self.stats.superseded += 1
-                _abandon(pending, Superseded(newer_tag))
+                _abandon(pending, Superseded())
             else:
                 keep.append(pending)
         self._pending = keep

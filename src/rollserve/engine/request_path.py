@@ -46,11 +46,22 @@ DEFAULT_EXECUTION_HORIZON = 10
 
 @dataclass
 class InferenceItem:
-    """One request as the engine worker sees it."""
+    """One request as the engine worker sees it.
 
-    session: SessionView
+    ``processors`` are the session's pair *when the request was submitted*: a reset while the request
+    is inside the model gives the session new processors, but this request is pre- and
+    post-processed by the same (stateful) pair.
+    """
+
     header: MsgHeader
     obs: ObservationMsg
+    processors: Processors
+    task: str = ""
+    rtc_enabled: bool = True
+
+    @classmethod
+    def of(cls, session: SessionView, header: MsgHeader, obs: ObservationMsg) -> InferenceItem:
+        return cls(header, obs, session.processors, session.task, session.rtc_enabled)
 
 
 @dataclass
@@ -124,7 +135,7 @@ class PolicyRequestPath:
     ) -> ActionChunkMsg:
         """One request, synchronously: validated, then the same code the engine worker runs."""
         self.validate(session, obs)
-        result = self.run_batch([InferenceItem(session, header, obs)])[0]
+        result = self.run_batch([InferenceItem.of(session, header, obs)])[0]
         if isinstance(result, BaseException):
             raise result
         return result
@@ -155,18 +166,18 @@ class PolicyRequestPath:
         return results
 
     def _prepare(self, item: InferenceItem) -> _Prepared:
-        session, obs = item.session, item.obs
-        observation = {"state": obs.state, "images": dict(obs.images), "task": obs.task or session.task}
-        batch = session.processors.pre(observation)
-        prefix = self._prefix(session, obs)
+        obs = item.obs
+        observation = {"state": obs.state, "images": dict(obs.images), "task": obs.task or item.task}
+        batch = item.processors.pre(observation)
+        prefix = self._prefix(item.rtc_enabled, obs)
         real_steps = None if prefix is None else min(len(prefix), self.execution_horizon)
         padded = None if prefix is None else normalize_prefix_length(prefix, self.execution_horizon)
         request = PolicyRequest(batch, int(obs.inference_delay_steps), padded, prefix_steps=real_steps)
         return _Prepared(item, request)
 
-    def _prefix(self, session: SessionView, obs: ObservationMsg) -> np.ndarray | None:
+    def _prefix(self, rtc_enabled: bool, obs: ObservationMsg) -> np.ndarray | None:
         """The model-space prefix as sent (not yet padded or cut); None without RTC."""
-        if not (session.rtc_enabled and self.metadata.supports_rtc):
+        if not (rtc_enabled and self.metadata.supports_rtc):
             return None
         prefix = obs.prefix_model
         if prefix is None and obs.prefix_robot is not None:
@@ -191,6 +202,9 @@ class PolicyRequestPath:
                 if len(requests) == 1:
                     return [exc]
                 # Find the culprit: rerun one by one so the other sessions still get their chunks.
+                # Logged even when every retry succeeds: a batch-only failure is a bug to look at.
+                logger.error("batched policy call of %d requests failed; retrying one by one", len(requests),
+                             exc_info=exc)  # fmt: skip
                 return [self._predict([request])[0] for request in requests]
         out: list[Any] = []
         for request in requests:
@@ -208,7 +222,7 @@ class PolicyRequestPath:
 
     def _finish(self, prep: _Prepared, chunk: Any, inference_ms: float) -> ActionChunkMsg:
         chunk_model = self._as_chunk(chunk, "policy")
-        chunk_robot = self._as_chunk(prep.item.session.processors.post(chunk_model.copy()), "post-processor")
+        chunk_robot = self._as_chunk(prep.item.processors.post(chunk_model.copy()), "post-processor")
         if chunk_robot.shape[0] != chunk_model.shape[0]:
             raise PolicyError(
                 INFERENCE_ERROR, f"post-processor changed the chunk length to {chunk_robot.shape[0]}"

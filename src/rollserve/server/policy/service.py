@@ -82,12 +82,12 @@ class PolicyService:
                 session = self.sessions.open(
                     request.client_uuid,
                     task=request.task,
-                    robot_type=request.robot_type,
                     rtc_enabled=request.rtc_enabled and self.metadata.supports_rtc,
-                    camera_names=tuple(request.camera_names),
                 )
             except SessionLimitReached as exc:
                 reason = str(exc)
+            except PolicyError as exc:  # make_processors() failed: a refusal, not a dropped connection
+                reason = exc.message
         meta = self.metadata
         ack = SessionAck(
             accepted=session is not None,
@@ -140,9 +140,9 @@ class PolicyService:
             )
         self.request_path.validate(session, obs)
         session.touch()
-        item = InferenceItem(session, header, obs)
+        item = InferenceItem.of(session, header, obs)  # the session's processors as of now
         try:
-            done = await self.worker.submit(item, key=session.session_id, tag=header.seq_id)
+            done = await self.worker.submit(item, key=session.session_id)
         except Superseded:
             # Delivered on this loop before the newer request can finish: its reply reports it.
             session.note_superseded(header.seq_id)

@@ -6,6 +6,7 @@ and bumps the epoch, so anything still in flight for the old one is recognisably
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -13,8 +14,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rollserve.engine.policy_errors import UNKNOWN_SESSION, PolicyError
+from rollserve.engine.policy_errors import INFERENCE_ERROR, UNKNOWN_SESSION, PolicyError
 from rollserve.models.policy import Processors
+
+logger = logging.getLogger(__name__)
 
 _EPOCH_MEMORY = 10_000  # client uuids whose last epoch is remembered after their session closed
 
@@ -26,11 +29,9 @@ class PolicySession:
     session_id: str
     client_uuid: str = ""
     task: str = ""
-    robot_type: str = ""
     rtc_enabled: bool = True
     processors: Processors = field(default_factory=Processors)
     epoch: int = 0
-    camera_names: tuple[str, ...] = ()
     created_at: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.monotonic)
     _superseded: list[int] = field(default_factory=list, repr=False)
@@ -74,12 +75,14 @@ class PolicySessionStore:
         client_uuid: str = "",
         *,
         task: str = "",
-        robot_type: str = "",
         rtc_enabled: bool = True,
-        camera_names: tuple[str, ...] = (),
     ) -> PolicySession:
-        """A fresh session (fresh processors). Replaces the client's previous one, with a higher epoch."""
+        """A fresh session (fresh processors). Replaces the client's previous one, with a higher epoch.
+
+        Raises ``PolicyError`` (nothing changed) when the policy's ``make_processors()`` fails.
+        """
         client_uuid = client_uuid or uuid.uuid4().hex
+        processors = self._new_processors()
         with self._lock:
             previous = self._by_client.pop(client_uuid, None)
             if previous is not None:
@@ -94,15 +97,23 @@ class PolicySessionStore:
                 session_id=uuid.uuid4().hex,
                 client_uuid=client_uuid,
                 task=task,
-                robot_type=robot_type,
                 rtc_enabled=rtc_enabled,
-                processors=self._make_processors(),
+                processors=processors,
                 epoch=epoch,
-                camera_names=camera_names,
             )
             self._sessions[session.session_id] = session
             self._by_client[client_uuid] = session.session_id
             return session
+
+    def _new_processors(self) -> Processors:
+        try:
+            return self._make_processors()
+        except Exception as exc:
+            logger.error("the policy's make_processors() failed", exc_info=exc)
+            raise PolicyError(
+                INFERENCE_ERROR,
+                f"the policy's make_processors() failed: {type(exc).__name__}: {str(exc)[:300]}",
+            ) from exc
 
     def get(self, session_id: str) -> PolicySession:
         with self._lock:
@@ -116,14 +127,18 @@ class PolicySessionStore:
             return self._sessions.get(session.session_id) is session
 
     def reset(self, session: PolicySession) -> int:
-        """New episode: fresh processors, a new epoch, nothing superseded pending. Returns the epoch."""
+        """New episode: fresh processors, a new epoch, nothing superseded pending. Returns the epoch.
+
+        Raises ``PolicyError`` (the session unchanged) when the policy's ``make_processors()`` fails.
+        """
+        processors = self._new_processors()
         with self._lock:
             if self._sessions.get(session.session_id) is not session:
                 raise PolicyError(UNKNOWN_SESSION, "no such session (never opened, closed, or replaced)")
             epoch = self._epochs.get(session.client_uuid, session.epoch) + 1
             self._epochs[session.client_uuid] = epoch
             session.epoch = epoch
-            session.processors = self._make_processors()
+            session.processors = processors
             session.take_superseded()
             return epoch
 

@@ -1,0 +1,184 @@
+"""Mutation testing of rollserve's core, one module at a time (mutmut 3): do the tests notice a slip?
+
+Each core module is mutated in a scratch copy of the repository (``.mutation/<module>/``, gitignored)
+and each mutant is checked only against the tests that cover the mutated function, drawn from that
+module's own test files, so a module takes minutes on 2 cores, not hours. The score is killed
+(including timeouts) over all mutants, less those listed as equivalent in ``docs/testing.md``.
+
+    pip install "mutmut>=3,<4"
+    python tools/mutation.py                      # every core module, one after the other
+    python tools/mutation.py --module wire --module rtc
+    python tools/mutation.py --module wire --survivors   # list what survived (with diffs)
+
+Not part of CI (too slow); run it before a change to a core module lands (docs/testing.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRATCH = ROOT / ".mutation"
+DOCS = ROOT / "docs" / "testing.md"
+
+
+@dataclass(frozen=True)
+class CoreModule:
+    """Source files to mutate and the test files that are meant to catch a slip in them."""
+
+    sources: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+MODULES: dict[str, CoreModule] = {
+    "wire": CoreModule(("src/rollserve/wire/*.py",), ("tests/wire",)),
+    "rtc": CoreModule(("src/rollserve/rtc/*.py",), ("tests/rtc",)),
+    "engine": CoreModule(("src/rollserve/engine/batcher.py",), ("tests/engine",)),
+    "request_path": CoreModule(
+        ("src/rollserve/engine/request_path.py",), ("tests/server/test_policy_service.py",)
+    ),
+    "rollout": CoreModule(
+        ("src/rollserve/server/rollout/service.py", "src/rollserve/server/rollout/store.py"),
+        ("tests/server/test_rollout_service.py", "tests/server/test_rollout_store.py"),
+    ),
+    "auth": CoreModule(("src/rollserve/server/auth.py",), ("tests/server/test_auth.py",)),
+    "guidance": CoreModule(
+        ("src/rollserve/models/flow_sampling.py",), ("tests/models/test_flow_guidance.py",)
+    ),
+}
+
+STATUS_LINE = re.compile(r"^\s+(\S+): (.+)$")
+
+
+def _toml_list(values: list[str] | tuple[str, ...]) -> str:
+    return "[" + ", ".join(f'"{v}"' for v in values) + "]"
+
+
+def prepare(name: str, module: CoreModule) -> Path:
+    """A fresh scratch copy of src/, tests/ and pyproject.toml configured for this module."""
+    workdir = SCRATCH / name
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "src", workdir / "src", ignore=ignore)
+    shutil.copytree(ROOT / "tests", workdir / "tests", ignore=ignore)
+    config = (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["src"]\n'
+        f"only_mutate = {_toml_list(module.sources)}\n"
+        f"pytest_add_cli_args_test_selection = {_toml_list(module.tests)}\n"
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]\n'
+        "use_git_change_detection = false\n"
+    )
+    (workdir / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text() + config)
+    return workdir
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)  # mutmut puts the mutated copy first on sys.path; nothing may shadow it
+    return env
+
+
+def run(name: str, workdir: Path, *, children: int, timeout_s: float) -> int:
+    """Run mutmut in the scratch copy; returns its exit status (124 when the time bound hit)."""
+    log = workdir / "mutmut.log"
+    command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(children)]
+    print(f"[{name}] mutating {', '.join(MODULES[name].sources)} (log: {log})", flush=True)
+    with log.open("w") as out:
+        try:
+            return subprocess.run(
+                command, cwd=workdir, env=_env(), stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s
+            ).returncode
+        except subprocess.TimeoutExpired:
+            return 124
+
+
+def results(workdir: Path) -> dict[str, str]:
+    """Mutant name -> status ("killed", "survived", "timeout", "no tests", ...)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "mutmut", "results", "--all", "true"],
+        cwd=workdir,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    found = {}
+    for line in out.splitlines():
+        match = STATUS_LINE.match(line)
+        if match:
+            found[match.group(1)] = match.group(2).strip()
+    return found
+
+
+def equivalent_mutants() -> set[str]:
+    """Mutants docs/testing.md lists as equivalent (a line starting with ``- `name` ``)."""
+    if not DOCS.exists():
+        return set()
+    return set(re.findall(r"^- `([\w.]+__mutmut_\d+)`", DOCS.read_text(), flags=re.MULTILINE))
+
+
+def score_row(name: str, statuses: dict[str, str], equivalent: set[str]) -> tuple[str, float]:
+    detected = {"killed", "timeout", "caught by type check", "segfault"}
+    counted = {k: v for k, v in statuses.items() if k not in equivalent}
+    killed = sum(v in detected for v in counted.values())
+    survived = [k for k, v in counted.items() if v not in detected]
+    total = len(counted)
+    score = 100.0 * killed / total if total else float("nan")
+    listed = len(statuses) - total
+    row = f"| {name} | {len(statuses)} | {listed} | {killed} | {len(survived)} | {score:.1f} % |"
+    return row, score
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--module", action="append", choices=sorted(MODULES), help="default: all")
+    parser.add_argument("--children", type=int, default=2, help="parallel mutant runs (default 2)")
+    parser.add_argument("--timeout-min", type=float, default=40.0, help="time bound per module")
+    parser.add_argument("--survivors", action="store_true", help="show the diff of each survivor")
+    parser.add_argument("--reuse", action="store_true", help="report an earlier run, do not rerun")
+    args = parser.parse_args(argv)
+    names = args.module or list(MODULES)
+    equivalent = equivalent_mutants()
+    rows = []
+    for name in names:
+        workdir = SCRATCH / name
+        if not args.reuse:
+            started = time.monotonic()
+            workdir = prepare(name, MODULES[name])
+            status = run(name, workdir, children=args.children, timeout_s=args.timeout_min * 60)
+            print(f"[{name}] mutmut exit {status} after {time.monotonic() - started:.0f} s", flush=True)
+        statuses = results(workdir)
+        row, _ = score_row(name, statuses, equivalent)
+        rows.append(row)
+        survivors = sorted(
+            k for k, v in statuses.items() if v not in {"killed", "timeout"} and k not in equivalent
+        )
+        for mutant in survivors:
+            print(f"[{name}] {statuses[mutant]}: {mutant}")
+            if args.survivors:
+                diff = subprocess.run(
+                    [sys.executable, "-m", "mutmut", "show", mutant],
+                    cwd=workdir,
+                    env=_env(),
+                    capture_output=True,
+                    text=True,
+                ).stdout
+                print(diff)
+    print("\n| module | mutants | listed equivalent | killed | survived | score |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
