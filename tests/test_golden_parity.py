@@ -136,7 +136,7 @@ def _drive_codec_parity(with_images: bool) -> tuple[ChunkPolicy, ChunkPolicy]:
     processors_local = policy_local.make_processors()
     server = PolicyRequestPath(policy_remote, execution_horizon=EXECUTION_HORIZON)
     session = PolicySession(
-        session_id="parity", client_uuid="parity-client", task=TASK, robot_type="mock_robot",
+        session_id="parity", client_uuid="parity-client", task=TASK,
         rtc_enabled=True, processors=policy_remote.make_processors(),
     )  # fmt: skip
     queue_local, queue_remote = _queue(), _queue()

@@ -232,3 +232,115 @@ def test_remote_engine_reconnects_after_a_server_restart_and_a_lost_session() ->
         running.stop()
         service.close()
     assert engine.latency_stats()["count"] >= 2
+
+
+# -- the background thread's lifecycle and error reporting ------------------------------------------
+class _BlockingSource(_FakeSource):
+    """``infer`` blocks until released; records whether ``close`` ran while a request was inside."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda h: h)
+        self.inside = threading.Event()
+        self.release = threading.Event()
+        self.busy = False
+        self.closed_while_busy = False
+        self.closes = 0
+
+    def infer(self, request: ChunkRequest) -> ActionChunkMsg:
+        self.busy = True
+        self.inside.set()
+        assert self.release.wait(20)
+        self.busy = False
+        return super().infer(request)
+
+    def close(self) -> None:
+        self.closes += 1
+        self.closed_while_busy |= self.busy
+
+
+def _inference_threads() -> int:
+    return sum(t.name == "rollserve-inference" and t.is_alive() for t in threading.enumerate())
+
+
+def test_stop_that_times_out_keeps_the_source_open_until_the_request_returns() -> None:
+    """Regression: stop() forgot the thread and closed the client it was still using."""
+    source = _BlockingSource()
+    engine = InferenceEngine(source, EngineConfig(fps=100.0))
+    engine.start()
+    engine.update_observation(OBS)
+    assert source.inside.wait(20)
+    engine.stop(timeout=0.05)  # the request is still inside the source
+    assert source.closes == 0
+    source.release.set()
+    _wait_until(lambda: source.closes == 1)
+    assert not source.closed_while_busy
+    _wait_until(lambda: _inference_threads() == 0)
+
+
+def test_start_after_a_timed_out_stop_never_runs_a_second_loop() -> None:
+    """Regression: a later start() ran a second loop next to the one still inside its request."""
+    source = _BlockingSource()
+    engine = InferenceEngine(source, EngineConfig(fps=100.0))
+    engine.start()
+    engine.update_observation(OBS)
+    assert source.inside.wait(20)
+    engine.stop(timeout=0.05)
+    with pytest.raises(RuntimeError, match="still finishing"):
+        engine.start()
+    assert _inference_threads() == 1
+    source.release.set()
+    _wait_until(lambda: _inference_threads() == 0)
+    engine.start()  # the old thread is gone: a new loop may start
+    try:
+        assert _inference_threads() == 1
+    finally:
+        engine.stop()
+    assert _inference_threads() == 0
+
+
+def test_a_failing_request_is_logged_with_its_traceback_and_exposed(caplog: pytest.LogCaptureFixture) -> None:
+    """Regression: a bug in the caller's observation became a one-line warning, retried forever."""
+
+    class BuggySource(_FakeSource):
+        def infer(self, request: ChunkRequest) -> ActionChunkMsg:
+            return {"state": request.observation["state"]}["images"]  # a KeyError in user code
+
+    engine = InferenceEngine(BuggySource(lambda h: h), EngineConfig(fps=100.0, backoff_initial_s=0.01))
+    assert engine.last_error is None
+    with caplog.at_level("ERROR", logger="rollserve.client.inference_loop"):
+        engine.start()
+        try:
+            engine.update_observation(OBS)
+            _wait_until(lambda: engine.stats.errors >= 1)
+        finally:
+            engine.stop()
+    assert isinstance(engine.last_error, KeyError) and engine.last_error.args == ("images",)
+    record = next(r for r in caplog.records if r.exc_info)
+    assert record.levelname == "ERROR" and record.exc_info[0] is KeyError  # type: ignore[index]
+    assert "in infer" in caplog.text  # the traceback itself, down to the failing frame
+
+
+def test_reset_state_and_the_queue_object_change_only_under_the_state_lock() -> None:
+    """The loop reads ``_reset_pending`` and swaps the queue under the lock reset() and merges use."""
+    engine = InferenceEngine(_FakeSource(lambda h: h), EngineConfig(fps=100.0))
+    engine.connect()
+    engine.update_observation(OBS)
+    done: list[str] = []
+    with engine._state_lock:
+        readers = [
+            threading.Thread(target=lambda: done.append(f"wants={engine._wants_chunk()}")),
+            threading.Thread(
+                target=lambda: (
+                    engine._adopt(SourceInfo(4, 2, 3, rtc_supported=False)),
+                    done.append("adopted"),
+                )
+            ),
+        ]
+        for thread in readers:
+            thread.start()
+        time.sleep(0.2)  # lower bound only: neither may finish while the lock is held
+        assert done == []
+    for thread in readers:
+        thread.join(10)
+    assert sorted(done) == ["adopted", "wants=True"]
+    assert engine.queue.config.enabled is False  # the swapped queue follows the source: no RTC

@@ -532,3 +532,31 @@ def test_describe_models_publishes_layouts(world) -> None:
     assert entry["id"] == "toy" and entry["object"] == "model" and entry["kind"] == "world"
     assert entry["observation"]["shape"] == [15]
     assert entry["action"]["shape"] == [8] and len(entry["action"]["low"]) == 8
+
+
+async def test_a_worlds_own_non_finite_start_is_a_model_error_not_the_clients() -> None:
+    """Regression: a start state the world accepted but answered with NaN became ``invalid_request``."""
+
+    class NanStart(RecordingWorld):
+        nan = False
+
+        def initial_states(self, inits: Sequence[WorldInit]) -> list[WorldOutput | BaseException]:
+            outs = super().initial_states(inits)
+            if not self.nan:
+                return outs
+            return [WorldOutput(o.state, np.full_like(o.observation, np.nan), 0.0, False) for o in outs]
+
+    world = NanStart()
+    svc = RolloutService(world, ServerSettings(max_batch_wait_ms=0.0))
+    try:
+        sid = await new_session(svc)
+        assert (await svc.step(sid, step_req(0))).error is None
+        world.nan = True
+        start = [0.0] * 7 + [0.0] + [0.5] * 7
+        with pytest.raises(RolloutError) as err:
+            await svc.reset_session(sid, ResetSessionRequest(seed=1, state=start))
+        assert err.value.code == "inference_error"
+        assert err.value.message == "world start failed: ValueError: world output is not finite"
+        assert (await svc.get_status(sid)).committed_step_id == 0  # the failed reset changed nothing
+    finally:
+        svc.close()

@@ -46,7 +46,6 @@ def _observation(quality: int = 0) -> ObservationMsg:
         inference_delay_steps=2,
         prefix_model=rng.standard_normal((10, 8)).astype(np.float32),
         prefix_robot=rng.standard_normal((10, 8)).astype(np.float32),
-        episode_start=True,
         jpeg_quality=quality,
     )
 
@@ -55,7 +54,7 @@ def test_observation_round_trip_is_byte_exact_with_raw_images() -> None:
     original = _observation()
     decoded = decode_observation(encode_observation(original))
     assert decoded.header == HEADER
-    assert decoded.task == original.task and decoded.episode_start
+    assert decoded.task == original.task
     assert decoded.inference_delay_steps == 2
     for name in ("state", "prefix_model", "prefix_robot"):
         assert getattr(decoded, name).dtype == np.float32
@@ -161,3 +160,12 @@ _msgpack_values = st.recursive(
 def test_random_structures_only_raise_wire_errors(value: object) -> None:
     with contextlib.suppress(WireError):
         decode_message(msgpack.packb(value, use_bin_type=True))
+
+
+def test_fields_a_message_does_not_have_are_ignored_so_older_clients_keep_working() -> None:
+    """``episode_start`` was sent by older clients and never read; it is gone, and frames carrying it
+    (or any other unknown field) still decode."""
+    frame = packb({"type": "observation", "state": np.ones(3, np.float32), "episode_start": True, "x": 1})
+    decoded = decode_observation(frame)
+    assert decoded.state is not None and decoded.state.tolist() == [1.0, 1.0, 1.0]
+    assert not hasattr(decoded, "episode_start")

@@ -124,3 +124,35 @@ def test_truncated_out_of_band_frame_is_malformed() -> None:
     for cut in (5, 9, len(frame) - 4):
         with pytest.raises(WireError):
             unpackb(frame[:cut])
+
+
+def test_decode_over_a_bytearray_frame_is_read_only_too() -> None:
+    frame = bytearray(pack_frame({"a": np.arange(6, dtype=np.float32)}))
+    decoded = unpackb(frame)["a"]
+    assert np.shares_memory(decoded, np.frombuffer(frame, np.uint8))
+    assert not decoded.flags.writeable
+    inline = unpackb(bytearray(packb({"a": np.arange(6, dtype=np.float32)})))["a"]
+    assert not inline.flags.writeable
+
+
+def test_odd_sized_tensors_each_start_on_an_8_byte_boundary_and_round_trip_exactly() -> None:
+    """Layout worked out by hand: each tensor's bytes, then zero padding to the next multiple of 8."""
+    tensors = {
+        "a": np.array([1, 2, 3], np.uint8),  # 3 bytes at 0, padded to 8
+        "b": np.array([0.1, -2.5, 3e-7, 7.0, -0.0], np.float32),  # 20 bytes at 8, padded to 32
+        "c": np.array([True]),  # 1 byte at 32, padded to 40
+        "d": np.array([np.pi, -1e300]),  # 16 bytes at 40
+        "e": np.arange(7, dtype=np.int16),  # 14 bytes at 56
+    }
+    frame = pack_frame(tensors)
+    header_len = int.from_bytes(frame[4:8], "little")
+    header = msgpack.unpackb(frame[8 : 8 + header_len], raw=True)
+    pointers = {key.decode(): value[b"oob"] for key, value in header.items()}
+    assert pointers == {"a": [0, 3], "b": [8, 20], "c": [32, 1], "d": [40, 16], "e": [56, 14]}
+    payload_start = 8 + header_len + (-(8 + header_len) % 8)
+    assert payload_start % 8 == 0 and len(frame) == payload_start + 56 + 16  # the last is padded too
+    payload = frame[payload_start:]
+    assert payload[3:8] == bytes(5) and payload[28:32] == bytes(4) and payload[33:40] == bytes(7)
+    decoded = unpackb(frame)
+    for key, array in tensors.items():
+        assert decoded[key].dtype == array.dtype and decoded[key].tobytes() == array.tobytes()

@@ -61,7 +61,6 @@ class ChunkRequest:
     prefix_robot: np.ndarray | None
     seq_id: int
     episode_id: int
-    episode_start: bool
 
     def to_message(self, session_epoch: int, task: str = "", jpeg_quality: int = 0) -> ObservationMsg:
         obs = self.observation
@@ -72,7 +71,6 @@ class ChunkRequest:
             inference_delay_steps=self.inference_delay,
             prefix_model=self.prefix_model,
             prefix_robot=self.prefix_robot,
-            episode_start=self.episode_start,
             jpeg_quality=jpeg_quality,
             header=MsgHeader(
                 seq_id=self.seq_id, episode_id=self.episode_id, session_epoch=session_epoch,
@@ -132,19 +130,22 @@ class InferenceEngine:
         self.info: SourceInfo | None = None
         self._horizon = self.config.rtc.execution_horizon
         self._rtc = self.config.rtc.enabled
-        self._state_lock = threading.Lock()  # episode changes vs merges
+        self._state_lock = threading.Lock()  # the queue object, episode and reset state vs merges
         self._cycle_lock = threading.Lock()  # one request at a time
+        self._lifecycle_lock = threading.Lock()  # start/stop vs the thread's own exit
         self._cond = threading.Condition()
         self._observation: Mapping[str, Any] | None = None
         self._obs_version = 0
         self._used_version = 0
         self._episode_id = 0
-        self._episode_start = True
         self._reset_pending = False
         self._seq = 0
         self._last_action: np.ndarray | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._running = False  # the thread is in its loop (under _lifecycle_lock)
+        self._close_on_exit = False  # stop() timed out: the thread closes the source when it is done
+        self.last_error: BaseException | None = None  # the last exception the background loop caught
 
     # -- lifecycle --------------------------------------------------------------------------------
     def connect(self) -> SourceInfo:
@@ -154,22 +155,42 @@ class InferenceEngine:
         return self.info
 
     def start(self) -> InferenceEngine:
-        """Connect if needed and run the loop in a background thread."""
+        """Connect if needed and run the loop in a background thread (one at most).
+
+        Raises ``RuntimeError`` while the thread of an earlier :meth:`stop` that timed out is still
+        inside its request: a second loop would share the (not thread-safe) source with it.
+        """
         if self.info is None:
             self.connect()
-        if self._thread is None:
+        with self._lifecycle_lock:
+            if self._running:
+                if not self._stop.is_set():
+                    return self  # already running
+                raise RuntimeError("the stopped inference thread is still finishing a request; retry later")
             self._stop.clear()
-            self._thread = threading.Thread(target=self._loop, name="rollserve-inference", daemon=True)
+            self._close_on_exit = False
+            self._running = True
+            self._thread = threading.Thread(target=self._run, name="rollserve-inference", daemon=True)
             self._thread.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop the loop and close the source. If the thread is still inside a request after
+        ``timeout``, it keeps the source until that request returns and closes it then."""
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+            with self._lifecycle_lock:
+                if self._running:
+                    self._close_on_exit = True
+                    logger.warning(
+                        "inference thread still in a request after %.1fs; it closes the source", timeout
+                    )
+                    return
+                self._thread = None
         self.source.close()
 
     def __enter__(self) -> InferenceEngine:
@@ -182,12 +203,13 @@ class InferenceEngine:
 
     def _adopt(self, info: SourceInfo) -> None:
         """Follow what the server says: its execution horizon, and no RTC if it has none."""
-        self.info = info
-        self._horizon = info.execution_horizon or self.config.rtc.execution_horizon
-        rtc = self.config.rtc.enabled and info.rtc_supported
-        if rtc != self._rtc:
-            self._rtc = rtc
-            self.queue = ActionQueue(RTCConfig(enabled=rtc, execution_horizon=self._horizon))
+        with self._state_lock:  # the control loop may be merging into or reading the queue
+            self.info = info
+            self._horizon = info.execution_horizon or self.config.rtc.execution_horizon
+            rtc = self.config.rtc.enabled and info.rtc_supported
+            if rtc != self._rtc:
+                self._rtc = rtc
+                self.queue = ActionQueue(RTCConfig(enabled=rtc, execution_horizon=self._horizon))
 
     # -- the control loop's side --------------------------------------------------------------
     def update_observation(self, observation: Mapping[str, Any]) -> None:
@@ -222,9 +244,10 @@ class InferenceEngine:
         with self._state_lock:
             self.queue.clear()
             self._episode_id += 1
-            self._episode_start = True
             self._reset_pending = True
             self._last_action = None
+        with self._cond:
+            self._cond.notify_all()  # the loop asks for the new episode's first chunk now
 
     @property
     def episode_id(self) -> int:
@@ -261,7 +284,6 @@ class InferenceEngine:
             with self._state_lock:
                 reset, self._reset_pending = self._reset_pending, False
                 episode_id = self._episode_id
-                start, self._episode_start = self._episode_start, False
             if reset:
                 self.source.reset(episode_id)
             index_before = self.queue.get_action_index()
@@ -269,7 +291,7 @@ class InferenceEngine:
             self._seq += 1
             request = ChunkRequest(
                 observation, self.estimated_delay() if delay is None else delay, prefix_model, prefix_robot,
-                self._seq, episode_id, start,
+                self._seq, episode_id,
             )  # fmt: skip
             started = time.perf_counter()
             reply = self.source.infer(request)
@@ -300,9 +322,21 @@ class InferenceEngine:
     # -- the background thread ----------------------------------------------------------------
     def _wants_chunk(self) -> bool:
         fresh = self._obs_version > self._used_version
-        return fresh and (
-            self._reset_pending or self.queue.qsize() <= self.estimated_delay() + self.config.refill_margin
-        )
+        if not fresh:
+            return False
+        with self._state_lock:  # written by reset() under this lock
+            reset_pending = self._reset_pending
+        return reset_pending or self.queue.qsize() <= self.estimated_delay() + self.config.refill_margin
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            with self._lifecycle_lock:
+                self._running = False
+                close, self._close_on_exit = self._close_on_exit, False
+            if close:
+                self.source.close()
 
     def _loop(self) -> None:
         backoff = self.config.backoff_initial_s
@@ -316,15 +350,18 @@ class InferenceEngine:
                 self.run_cycle(observation)
                 backoff = self.config.backoff_initial_s
             except (ConnectionError, TimeoutError) as exc:
+                self.last_error = exc
                 logger.warning("policy source unavailable (%s); reconnecting", exc)
                 self._recover()
             except Exception as exc:
+                self.last_error = exc
                 self.stats.errors += 1
                 if getattr(exc, "code", None) in REOPEN_CODES:
                     logger.warning("session lost (%s); reopening", exc)
                     self._recover()
                 else:
-                    logger.warning("inference request failed: %s", exc)
+                    # Possibly a bug in the caller's code (e.g. the observation): keep its traceback.
+                    logger.error("inference request failed; retrying in %.2fs", backoff, exc_info=exc)
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, self.config.backoff_max_s)
 

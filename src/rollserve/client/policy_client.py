@@ -194,14 +194,13 @@ class PolicyClient:
         prefix_model: np.ndarray | None = None,
         prefix_robot: np.ndarray | None = None,
         episode_id: int = 0,
-        episode_start: bool = False,
         jpeg_quality: int = 0,
     ) -> ActionChunkMsg:
         """The simple call: stamps a fresh header, sends, returns the chunk."""
         obs = ObservationMsg(
             state=np.asarray(state, dtype=np.float32), images=dict(images or {}), task=task,
             inference_delay_steps=inference_delay_steps, prefix_model=prefix_model, prefix_robot=prefix_robot,
-            episode_start=episode_start, jpeg_quality=jpeg_quality, header=self.next_header(episode_id),
+            jpeg_quality=jpeg_quality, header=self.next_header(episode_id),
         )  # fmt: skip
         return self.infer(obs)
 

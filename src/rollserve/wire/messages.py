@@ -80,7 +80,7 @@ class ObservationMsg:
     WIRE_FIELDS: ClassVar[dict[str, str]] = {
         "header": "header", "state": "opt_array", "images": "images", "task": "str",
         "inference_delay_steps": "int", "prefix_model": "opt_array", "prefix_robot": "opt_array",
-        "episode_start": "bool", "jpeg_quality": "int",
+        "jpeg_quality": "int",
     }  # fmt: skip
 
     state: np.ndarray | None = None
@@ -89,7 +89,6 @@ class ObservationMsg:
     inference_delay_steps: int = 0
     prefix_model: np.ndarray | None = None
     prefix_robot: np.ndarray | None = None
-    episode_start: bool = False
     jpeg_quality: int = 0
     header: MsgHeader = field(default_factory=MsgHeader)
 

@@ -141,7 +141,9 @@ def decode_array(
         data = payload
     if nbytes != count * dtype.itemsize:
         raise WireError(BAD_SHAPE, f"{nbytes} data bytes do not match shape {list(shape)} of {dtype.str}")
-    return np.ndarray(shape, dtype, data, offset)  # a view at ``offset``: no slice, no copy
+    array = np.ndarray(shape, dtype, data, offset)  # a view at ``offset``: no slice, no copy
+    array.flags.writeable = False  # also over a bytearray frame, whose memory the view shares
+    return array
 
 
 def decode_scalar(obj: dict[Any, Any]) -> np.generic:

@@ -507,7 +507,6 @@ class RolloutService:
             if isinstance(outcome, BaseException):
                 raise outcome
             out = outcome.value
-            return out, as_float32(out.observation)
         except EngineClosed:
             code, message = "engine_unavailable", "the world engine is shut down"
         except ValueError as exc:
@@ -518,6 +517,14 @@ class RolloutService:
         except Exception as exc:
             logger.warning("world start failed", exc_info=exc)
             code, message = "inference_error", f"world start failed: {type(exc).__name__}: {_short(exc)}"
+        else:
+            try:
+                return out, as_float32(out.observation)
+            except (
+                Exception
+            ) as exc:  # the world's own output is bad (e.g. not finite): not the client's fault
+                logger.warning("world start returned an unusable observation", exc_info=exc)
+                code, message = "inference_error", f"world start failed: {type(exc).__name__}: {_short(exc)}"
         raise RolloutError(code, message, committed_step_id=committed)
 
     # -- helpers ---------------------------------------------------------------------------------------
