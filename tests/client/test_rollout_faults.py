@@ -124,3 +124,34 @@ def test_vector_env_batch_steps_survive_faults(url: str) -> None:
     for clean, flaky in zip(run(httpx.HTTPTransport()), run(network), strict=True):
         np.testing.assert_array_equal(clean, flaky)
     assert network.dropped_replies > 3 and network.dropped_requests > 3
+
+
+def test_a_world_that_acts_by_itself_survives_faults_with_the_same_actions() -> None:
+    """Empty actions through the flaky network: the world's chosen actions and the trajectories are
+    those of a fault-free run (the choice depends only on the committed state; replays return it)."""
+    from rollserve.models.simple_policies import chunk_policy
+    from rollserve.models.world_action import ActingWorld
+
+    settings = ServerSettings(max_batch_wait_ms=1.0)
+    world = ActingWorld(ToyWorld(), chunk_policy(state_dim=15, action_dim=8, chunk_size=6), execute=3)
+
+    def run(transport: httpx.BaseTransport, tag: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        out = []
+        with RolloutClient(base, transport=transport, backoff_s=0.001, max_retries=30) as client:
+            for k in range(4):
+                sid, _ = client.create_session("toy", seed=k, session_id=f"{tag}-{k}")
+                for t in range(15):
+                    result = client.step(sid, t, None)
+                    out.append((result.actions, result.observation))
+                status = client.status(sid)
+                assert (status["committed_step_id"], status["context_length"]) == (14, 15)
+        return out
+
+    with serving(create_app(settings, rollout=RolloutService(world, settings))) as server:
+        base = server.http_url
+        network = FlakyNetwork(seed=11, p_request=0.2, p_reply=0.2)
+        clean, flaky = run(httpx.HTTPTransport(), "clean"), run(network, "flaky")
+    assert network.dropped_replies > 5 and network.dropped_requests > 5
+    for (c_action, c_obs), (f_action, f_obs) in zip(clean, flaky, strict=True):
+        np.testing.assert_array_equal(c_action, f_action)
+        np.testing.assert_array_equal(c_obs, f_obs)
