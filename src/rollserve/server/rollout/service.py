@@ -129,6 +129,8 @@ class _Planned:
     call: WorldCall
     fingerprint: str
     started: float
+    base: tuple[int, int]  # (epoch, committed_step_id) the step was checked against
+    context_length: int
 
 
 class RolloutService:
@@ -252,11 +254,13 @@ class RolloutService:
             seed = req.seed if req.seed is not None else int(seeds.integers(2**31))
             start = np.asarray(req.state, dtype=np.float32) if req.state is not None else None
             out, obs = await self._initial(WorldInit(seed=seed, state=start), session)
-            change = Commit(out.state, obs, -1, 0, None, session.epoch + 1, root=out.state, seeds=seeds)
-            while not await self.store.commit(session, change):  # another replica moved it meanwhile:
-                if session.closed:  # the reset still wins (a new episode), unless the session is gone
+            while True:  # when another replica moved the session meanwhile, the reset still wins
+                base = (session.epoch, session.committed_step_id)
+                change = Commit(base, out.state, obs, -1, 0, None, base[0] + 1, root=out.state, seeds=seeds)
+                if await self.store.commit(session, change):
+                    break
+                if session.closed:
                     raise closed_error(session)
-                change = Commit(out.state, obs, -1, 0, None, session.epoch + 1, root=out.state, seeds=seeds)
         return ResetSessionResponse(
             session_id=session_id,
             committed_step_id=-1,
@@ -387,7 +391,8 @@ class RolloutService:
                 init = None  # a running context is authoritative; start conditions apply to fresh ones
         else:
             state = session.root  # a scratch context: the episode's start, never the committed state
-        return _Planned(WorldCall(init=init, step=WorldStep(state, action, inputs)), fingerprint, started)
+        call = WorldCall(init=init, step=WorldStep(state, action, inputs))
+        return _Planned(call, fingerprint, started, (session.epoch, committed), context)
 
     async def _finish(
         self,
@@ -403,7 +408,7 @@ class RolloutService:
         step) committed first, this step's result is dropped and the request is checked again
         against what was committed, so it gets the stored result exactly as a duplicate does.
         """
-        committed, context = session.committed_step_id, session.context_length
+        committed, context = plan.base[1], plan.context_length  # as checked: the session may move meanwhile
         try:
             if isinstance(outcome, BaseException):
                 raise outcome
@@ -428,7 +433,9 @@ class RolloutService:
             message = f"world step failed: {type(exc).__name__}: {_short(exc)}"
             return self._refused(req.step_id, "inference_error", message, committed, context)
         if req.use_session_context:
-            change = Commit(out.state, record.observation, req.step_id, context + 1, record, session.epoch)
+            change = Commit(
+                plan.base, out.state, record.observation, req.step_id, context + 1, record, plan.base[0]
+            )
             if not await self.store.commit(session, change):
                 again = self._plan(session, req, plan.started, raw)
                 if isinstance(again, RolloutStepResponse):

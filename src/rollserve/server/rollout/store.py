@@ -81,8 +81,14 @@ class RolloutSession:
 
 @dataclass(frozen=True)
 class Commit:
-    """What a successful step (or a reset, with ``epoch + 1`` and ``root``) writes into a session."""
+    """What a successful step (or a reset, with ``epoch + 1`` and ``root``) writes into a session.
 
+    ``base`` is ``(epoch, committed_step_id)`` as the writer read them: the compare of the
+    compare-and-set (the epoch makes a step planned before a reset lose to it, even when the new
+    episode has reached the same step id meanwhile).
+    """
+
+    base: tuple[int, int]
     state: Any
     observation: np.ndarray
     committed_step_id: int
@@ -232,7 +238,7 @@ class RolloutStore:
         return self.peek(session_id)
 
     async def commit(self, session: RolloutSession, change: Commit) -> bool:
-        if session.closed:
+        if session.closed or (session.epoch, session.committed_step_id) != change.base:
             return False
         apply_commit(session, change)
         return True

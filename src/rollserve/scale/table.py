@@ -1,0 +1,125 @@
+"""The committed state of every rollout session of a deployment, in one place every replica reaches.
+
+:class:`SessionTable` is the logic of the Ray actor that holds it (``scale.actor``), kept free of Ray
+so it is tested directly. It reuses :class:`RolloutStore` for ids, capacity (so capacity is per
+deployment), idle expiry and tombstones, and adds the compare-and-set commit. Every method runs
+to completion before the next starts (an actor runs one call at a time), so each is atomic.
+
+Answers are plain tuples and dicts (``("ok", value)`` or ``("error", code, message, committed)``):
+they cross process boundaries, and exceptions with keyword state do not pickle reliably.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any
+
+from rollserve.server.rollout.store import Commit, RolloutError, RolloutSession, RolloutStore, apply_commit
+
+# Everything a replica needs to serve a session; the lock is each process's own.
+RECORD_FIELDS = tuple(f.name for f in fields(RolloutSession) if f.name != "lock")
+# What a replica's cached view needs refreshed when its state is already current (affinity).
+COUNTER_FIELDS = ("epoch", "committed_step_id", "context_length", "closed_reason", "last_used")
+
+Answer = tuple[Any, ...]
+
+
+def to_record(session: RolloutSession) -> dict[str, Any]:
+    return {name: getattr(session, name) for name in RECORD_FIELDS}
+
+
+def from_record(record: dict[str, Any]) -> RolloutSession:
+    return RolloutSession(**{name: record[name] for name in RECORD_FIELDS})
+
+
+def change_of(change: Commit) -> dict[str, Any]:
+    """A :class:`Commit` as plain values (its ``base`` is sent beside it)."""
+    return {f.name: getattr(change, f.name) for f in fields(Commit)}
+
+
+def _refusal(exc: RolloutError) -> Answer:
+    return ("error", exc.code, exc.message, exc.committed_step_id)
+
+
+class SessionTable:
+    """Sessions' committed state, capacity and expiry for the whole deployment."""
+
+    def __init__(
+        self, capacity: int, idle_ttl_s: float, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.sessions = RolloutStore(capacity, idle_ttl_s, clock=clock)
+        self.commits = self.conflicts = 0
+
+    def claim(self, session_id: str | None) -> Answer:
+        try:
+            return ("ok", self.sessions.reserve(session_id))
+        except RolloutError as exc:
+            return _refusal(exc)
+
+    def insert(self, record: dict[str, Any]) -> Answer:
+        try:
+            session = self.sessions.add(from_record(record))
+        except RolloutError as exc:
+            return _refusal(exc)
+        return ("ok", session.last_used)
+
+    def open(self, session_id: str, include_closed: bool, have: tuple[int, int] | None) -> Answer:
+        """The session (touched), whole, or only its counters when ``have`` shows the caller's copy
+        of the state is current: then nothing but a few integers crosses the wire."""
+        try:
+            session = self.sessions.get(session_id, include_closed=include_closed)
+        except RolloutError as exc:
+            return _refusal(exc)
+        current = have is not None and not session.closed and have == self._base(session)
+        if current:
+            return ("ok", {name: getattr(session, name) for name in COUNTER_FIELDS})
+        return ("ok", to_record(session))
+
+    def find(self, session_id: str) -> dict[str, Any] | None:
+        session = self.sessions.peek(session_id)
+        return None if session is None else to_record(session)
+
+    def commit(self, session_id: str, change: dict[str, Any]) -> Answer:
+        """Compare-and-set: lands only if the session is still at ``change["base"]``. Otherwise (a
+        racing replica committed first, a reset, a close or expiry) nothing changes and the caller
+        gets the session as it is, to check its request again."""
+        try:
+            session = self.sessions.get(session_id)
+        except RolloutError as exc:
+            session = self.sessions.peek(session_id)
+            if session is None:
+                return _refusal(exc)
+            self.conflicts += 1
+            return ("conflict", to_record(session))
+        if self._base(session) != tuple(change["base"]):
+            self.conflicts += 1
+            return ("conflict", to_record(session))
+        apply_commit(session, Commit(**change))
+        self.commits += 1
+        return ("ok", session.last_used)
+
+    def retire(self, session_id: str) -> Answer:
+        try:
+            session = self.sessions.close(session_id)
+        except RolloutError as exc:
+            return _refusal(exc)
+        return ("ok", to_record(session))
+
+    def count(self) -> int:
+        self.sessions.sweep()
+        return len(self.sessions)
+
+    def stats(self) -> dict[str, int]:
+        """For ``/metrics`` and ``/v1/models``: what the whole deployment holds."""
+        return {
+            "sessions": self.count(),
+            "capacity": self.sessions.capacity,
+            "commits": self.commits,
+            "conflicts": self.conflicts,
+        }
+
+    @staticmethod
+    def _base(session: RolloutSession) -> tuple[int, int]:
+        return (session.epoch, session.committed_step_id)

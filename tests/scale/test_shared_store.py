@@ -1,0 +1,217 @@
+"""The shared committed-state store without Ray: the table's compare-and-set, replicas racing the
+same step, and every single-process rule of RolloutService re-run over the shared store.
+
+Replicas here are RolloutService instances in one process, each with its own world and engine,
+sharing one SessionTable through a call that copies every argument and answer (as a process
+boundary does) and yields to the event loop (as a remote call does)."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rollserve.models.worlds import ToyWorld
+from rollserve.scale.store import SharedRolloutStore
+from rollserve.scale.table import SessionTable, change_of, to_record
+from rollserve.server.rollout.protocol import (
+    BatchStepItem,
+    BatchStepRequest,
+    ForkSessionRequest,
+    ResetSessionRequest,
+)
+from rollserve.server.rollout.service import RolloutService
+from rollserve.server.rollout.store import Commit, RolloutError, RolloutSession
+from rollserve.server.settings import ServerSettings
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
+import test_rollout_service as single
+
+RULES = [
+    name
+    for name in dir(single)
+    if name.startswith("test_")
+    and "service" in single.__dict__[name].__code__.co_varnames[: single.__dict__[name].__code__.co_argcount]
+    and name != "test_create_with_a_chosen_id_is_idempotent"  # counts the local store's sessions
+]
+globals().update({f"{name}_shared": getattr(single, name) for name in RULES})
+world = single.world
+step_req, new_session, decode = single.step_req, single.new_session, single.decode
+
+
+class LocalTable:
+    """Calls a SessionTable as a replica calls the actor: copied values, a yield per call."""
+
+    def __init__(self, table: SessionTable, commit_barrier: asyncio.Barrier | None = None) -> None:
+        self.table = table
+        self.commit_barrier = commit_barrier
+        self.calls: list[str] = []
+
+    async def __call__(self, method: str, *args: Any) -> Any:
+        self.calls.append(method)
+        if method == "commit" and self.commit_barrier is not None:
+            await self.commit_barrier.wait()  # both racers hold a result before either commits
+        await asyncio.sleep(0)
+        answer = getattr(self.table, method)(*pickle.loads(pickle.dumps(args)))
+        return pickle.loads(pickle.dumps(answer))
+
+
+def replica(world: ToyWorld, call: LocalTable, capacity: int = 256) -> RolloutService:
+    settings = ServerSettings(max_batch_wait_ms=0.0, max_rollout_sessions=capacity)
+    return RolloutService(world, settings, store=SharedRolloutStore(call, capacity))
+
+
+@pytest.fixture
+async def service(world):  # the fixture the re-run rules take: one replica over a shared table
+    svc = replica(world, LocalTable(SessionTable(256, 600.0)))
+    yield svc
+    svc.close()
+
+
+@pytest.fixture
+async def pair():
+    table = SessionTable(8, 600.0)
+    worlds = (single.RecordingWorld(), single.RecordingWorld())
+    a, b = (replica(w, LocalTable(table)) for w in worlds)
+    yield a, b, table, worlds
+    a.close()
+    b.close()
+
+
+# -- the table's compare-and-set ----------------------------------------------------------------------
+def _commit(base: tuple[int, int], step: int) -> dict[str, Any]:
+    return change_of(Commit(base, f"state{step}", np.zeros(2, np.float32), step, step + 1, None, base[0]))
+
+
+def test_table_commit_is_a_compare_and_set() -> None:
+    table = SessionTable(4, 60.0)
+    sid = table.claim("s")[1]
+    session = RolloutSession(sid, "toy", "m", 0.0, "s0", "s0", np.zeros(2), np.random.default_rng(0))
+    assert table.insert(to_record(session))[0] == "ok"
+    assert table.commit(sid, _commit((0, -1), 0))[0] == "ok"
+    loser = table.commit(sid, _commit((0, -1), 0))  # the same base again: someone committed since
+    assert loser[0] == "conflict" and loser[1]["committed_step_id"] == 0 and loser[1]["state"] == "state0"
+    assert table.commit(sid, _commit((0, 1), 2))[0] == "conflict"  # a base from the future
+    assert table.commit(sid, _commit((1, 0), 1))[0] == "conflict"  # another epoch (a reset)
+    assert table.commit(sid, _commit((0, 0), 1))[0] == "ok"
+    assert (table.commits, table.conflicts) == (2, 3)
+    assert table.open(sid, False, (0, 1))[1].keys() == {
+        "epoch", "committed_step_id", "context_length", "closed_reason", "last_used"
+    }  # fmt: skip
+    assert table.open(sid, False, (0, 0))[1]["state"] == "state1"  # a stale copy gets the whole record
+    table.retire(sid)
+    assert table.commit(sid, _commit((0, 1), 2))[1]["closed_reason"] == "closed"
+
+
+# -- replicas racing ----------------------------------------------------------------------------------
+async def test_two_replicas_racing_the_same_step_commit_once(pair) -> None:
+    a, b, table, worlds = pair
+    a.store._call.commit_barrier = b.store._call.commit_barrier = asyncio.Barrier(2)
+    sid = await new_session(a)
+    ra, rb = await asyncio.gather(a.step(sid, step_req(0)), b.step(sid, step_req(0)))
+    assert worlds[0].steps_run == worlds[1].steps_run == 1  # both ran the model...
+    assert table.commits == 1 and table.conflicts == 1  # ...one commit landed
+    winner, loser = (ra, rb) if ra.error is None else (rb, ra)
+    assert winner.error is None and not winner.replayed
+    assert loser.replayed and loser.error.code == "step_already_committed"  # as a duplicate does
+    assert loser.next_observation == winner.next_observation
+    assert (await a.get_status(sid)).context_length == (await b.get_status(sid)).context_length == 1
+
+
+async def test_racing_steps_with_different_content_one_wins_the_other_gets_no_result(pair) -> None:
+    a, b, table, _ = pair
+    a.store._call.commit_barrier = b.store._call.commit_barrier = asyncio.Barrier(2)
+    sid = await new_session(a)
+    ra, rb = await asyncio.gather(a.step(sid, step_req(0, 0.1)), b.step(sid, step_req(0, 0.3)))
+    assert sorted([ra.error is None, rb.error is None]) == [False, True]
+    loser = ra if ra.error else rb
+    assert loser.error.code == "step_already_committed" and not loser.replayed
+    assert loser.next_observation is None and table.commits == 1
+
+
+async def test_any_replica_continues_a_session_and_affinity_only_saves_bytes(pair) -> None:
+    a, b, _, _ = pair
+    sid = await new_session(a, seed=3)
+    alone = replica(ToyWorld(), LocalTable(SessionTable(8, 600.0)))
+    try:
+        ref = await new_session(alone, seed=3)
+        for t in range(6):
+            server = (a, b, b, a, a, b)[t]
+            got, want = (
+                await server.step(sid, step_req(t, 0.1 * t)),
+                await alone.step(ref, step_req(t, 0.1 * t)),
+            )
+            assert got.error is None and got.next_observation == want.next_observation
+        calls = a.store._call.calls
+        before = len(calls)
+        await a.step(sid, step_req(6))  # a's copy is current: the open answers with counters only
+        assert calls[before:] == ["open", "commit"]
+    finally:
+        alone.close()
+
+
+async def test_duplicate_on_the_other_replica_replays_the_stored_result(pair) -> None:
+    a, b, _, worlds = pair
+    sid = await new_session(a)
+    first = await a.step(sid, step_req(0))
+    again = await b.step(sid, step_req(0))
+    assert again.replayed and again.next_observation == first.next_observation
+    assert worlds[1].steps_run == 0
+
+
+async def test_reset_racing_a_step_wins_and_the_step_commits_nothing(pair) -> None:
+    a, b, _, _ = pair
+    sid = await new_session(a, seed=1)
+    await a.step(sid, step_req(0))
+    a.store._call.commit_barrier = asyncio.Barrier(2)
+
+    async def late_reset() -> None:
+        await b.reset_session(sid, ResetSessionRequest(seed=5))
+        await a.store._call.commit_barrier.wait()  # let the step's commit go after the reset
+
+    step, _ = await asyncio.gather(a.step(sid, step_req(1)), late_reset())
+    assert step.error is not None and step.error.code == "step_out_of_order"
+    status = await a.get_status(sid)
+    assert (status.committed_step_id, status.context_length) == (-1, 0)
+
+
+async def test_fork_close_capacity_and_ttl_hold_across_replicas() -> None:
+    now = [0.0]
+    table = SessionTable(3, 10.0, clock=lambda: now[0])
+    a, b = replica(ToyWorld(), LocalTable(table), 3), replica(ToyWorld(), LocalTable(table), 3)
+    try:
+        s1, s2 = await new_session(a), await new_session(b)
+        await a.step(s1, step_req(0))
+        fork = await b.fork_session(s1, ForkSessionRequest())  # b never served s1
+        assert fork.committed_step_id == 0
+        with pytest.raises(RolloutError) as err:  # capacity is the deployment's, not a replica's
+            await new_session(a)
+        assert err.value.code == "at_capacity"
+        await b.close_session(s2)
+        assert (await a.step(s2, step_req(0))).error.code == "session_closed"
+        forked = fork.session_id
+        assert (await a.step(forked, step_req(1))).next_observation == (
+            await b.step(s1, step_req(1))
+        ).next_observation  # the fork holds the committed state
+        now[0] = 20.0  # both idle past the TTL, whichever replica last touched them
+        assert (await b.step(s1, step_req(2))).error.code == "session_expired"
+        assert (await a.get_status(forked)).closed_reason == "expired"
+        await new_session(b)  # expired sessions free their slots
+    finally:
+        a.close()
+        b.close()
+
+
+async def test_batch_step_is_one_model_call_per_replica_for_its_items(pair) -> None:
+    a, b, _, worlds = pair
+    sids = [await new_session(a, seed=k) for k in range(4)]
+    first = BatchStepRequest(items=[BatchStepItem(session_id=s, **dict(step_req(0))) for s in sids[:2]])
+    second = BatchStepRequest(items=[BatchStepItem(session_id=s, **dict(step_req(0))) for s in sids[2:]])
+    ra, rb = await asyncio.gather(a.batch_step(first), b.batch_step(second))
+    assert all(r.status == "ok" for r in ra.results + rb.results)
+    assert [len(c) for c in worlds[0].step_calls] == [2] and [len(c) for c in worlds[1].step_calls] == [2]
