@@ -300,14 +300,13 @@ async def test_inline_is_off_by_default() -> None:
         worker.close()
 
 
-async def test_a_model_that_turns_slow_goes_back_to_the_thread_at_once() -> None:
+async def test_a_model_that_turns_slow_goes_back_to_the_thread() -> None:
     names: list[str] = []
-    slow = threading.Event()
+    cost_s = [0.0]
 
     def run(items: list[int]) -> list[int]:
         names.append(threading.current_thread().name)
-        if slow.is_set():
-            time.sleep(0.02)
+        time.sleep(cost_s[0])
         return _doubling(items)
 
     worker = BatchingWorker(run, name="test-engine", inline_below_s=0.005)
@@ -316,10 +315,36 @@ async def test_a_model_that_turns_slow_goes_back_to_the_thread_at_once() -> None
             await worker.submit(i)
         here = threading.current_thread().name
         assert names[-1] == here
-        slow.set()
-        await worker.submit(4)  # runs inline (nothing measured it slow yet), and is measured slow
+        cost_s[0] = 0.03  # far over the bound: the first slow call sends it back
+        await worker.submit(4)
         await worker.submit(5)
         assert names[-2:] == [here, "test-engine"]
+        cost_s[0] = 0.0  # cheap again: three calls measured on the thread, then inline
+        for i in range(4):
+            await worker.submit(i)
+        assert names[-4:] == ["test-engine", "test-engine", here, here]
+    finally:
+        worker.close()
+
+
+async def test_a_model_somewhat_over_the_bound_leaves_after_three_calls() -> None:
+    names: list[str] = []
+    cost_s = [0.0]
+
+    def run(items: list[int]) -> list[int]:
+        names.append(threading.current_thread().name)
+        time.sleep(cost_s[0])
+        return _doubling(items)
+
+    worker = BatchingWorker(run, name="test-engine", inline_below_s=0.01)
+    try:
+        for i in range(3):
+            await worker.submit(i)
+        cost_s[0] = 0.015  # over the bound, under 4x: the fastest of three recent calls decides
+        for i in range(5):
+            await worker.submit(i)
+        here = threading.current_thread().name
+        assert names[3:] == [here, here, here, "test-engine", "test-engine"]
     finally:
         worker.close()
 

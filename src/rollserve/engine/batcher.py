@@ -24,8 +24,8 @@ Res = TypeVar("Res")
 
 RunBatch = Callable[[list[Req]], Sequence["Res | BaseException"]]
 
-_RUNS_BEFORE_INLINE = 3  # batches measured on the thread before any request may run inline
-_COST_DECAY = 0.1  # how fast the recent cost follows cheaper runs (a dearer run counts at once)
+_RUNS_BEFORE_INLINE = 3  # calls measured (on the thread at first) that decide whether to run inline
+_SLOW_INLINE_FACTOR = 4.0  # an inline call this many times over the bound sends the model back at once
 
 
 class Superseded(Exception):
@@ -103,9 +103,11 @@ class BatchingWorker(Generic[Req, Res]):
 
     ``inline_below_s`` > 0 lets :meth:`submit` run a request on the caller's event loop, skipping
     the two thread hand-offs (~0.1 ms on a VM, more than a cheap model costs), but only when the
-    worker is idle (nothing queued or running) and every recent batch ran faster than that, as
-    measured (a rise counts at once, a fall slowly). A slow model therefore never runs on the loop,
-    and one that turns slow is moved back to the thread by its first slow call.
+    worker is idle (nothing queued or running) and the model's recent calls measured cheaper: the
+    fastest of the last three wall-clock times (a busy machine only ever adds to a call's time),
+    below ``inline_below_s``. Until three calls are measured on the thread, nothing runs inline; a
+    model that turns slow is back on the thread after at most three calls, and after one call
+    slower than ``4 * inline_below_s``, which also starts the measuring afresh.
     """
 
     def __init__(
@@ -130,8 +132,7 @@ class BatchingWorker(Generic[Req, Res]):
         self._free_since = 0.0  # when the model last finished; waiting for a batch starts then
         self.inline_below_s = max(0.0, inline_below_s)
         self._busy = False  # a batch is running, on the thread or inline
-        self._cost_s = float("inf")  # recent cost of one batch (until measured: too slow to inline)
-        self._measured_runs = 0
+        self._recent_runs: deque[float] = deque(maxlen=_RUNS_BEFORE_INLINE)  # seconds per batch
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -161,9 +162,7 @@ class BatchingWorker(Generic[Req, Res]):
         with self._cond:
             if self._closed:
                 raise EngineClosed("inference engine is shut down")
-            if self._busy or self._pending or self._measured_runs < _RUNS_BEFORE_INLINE:
-                return None
-            if self._cost_s >= self.inline_below_s:
+            if self._busy or self._pending or not self._measured_cheap_locked():
                 return None
             self._busy = True
         started = time.perf_counter()
@@ -176,20 +175,23 @@ class BatchingWorker(Generic[Req, Res]):
         with self._cond:
             self._busy = False
             self._note_run_locked(run_s, 1)
-            self._cond.notify()
+            if run_s > _SLOW_INLINE_FACTOR * self.inline_below_s:
+                self._recent_runs.clear()  # clearly slow: measure on the thread again
+            if self._pending:  # queued by another thread meanwhile (waking the worker for nothing costs)
+                self._cond.notify()
         if isinstance(outcome, BaseException):
             return outcome
         return Completed(outcome, 0.0, run_s, batch_size=1)
+
+    def _measured_cheap_locked(self) -> bool:
+        runs = self._recent_runs
+        return len(runs) == _RUNS_BEFORE_INLINE and min(runs) < self.inline_below_s
 
     def _note_run_locked(self, run_s: float, size: int) -> None:
         """Book one finished batch: counters, the batch the next one can expect, the recent cost."""
         self._expected_batch = size + len(self._pending)
         self._free_since = time.perf_counter()
-        self._measured_runs += 1
-        if run_s >= self._cost_s or self._measured_runs == 1:
-            self._cost_s = run_s
-        else:
-            self._cost_s += (run_s - self._cost_s) * _COST_DECAY
+        self._recent_runs.append(run_s)
         self.stats.batches += 1
         self.stats.items += size
         self.stats.max_batch_seen = max(self.stats.max_batch_seen, size)

@@ -259,10 +259,10 @@ class EchoPolicy:
         self, batch: PolicyBatch, *, inference_delay: int = 0, prev_chunk_left_over: np.ndarray | None = None
     ) -> np.ndarray:
         meta = self.metadata
-        row = np.zeros(meta.action_dim, np.float32)
+        chunk = np.zeros((meta.chunk_size, meta.action_dim), np.float32)
         state = np.asarray(batch["state"], dtype=np.float32)[: meta.action_dim]
-        row[: state.size] = state
-        return np.broadcast_to(row, (meta.chunk_size, meta.action_dim)).copy()
+        chunk[:, : state.size] = state
+        return chunk
 
     def predict_action_chunks(self, requests: list[PolicyRequest]) -> list[np.ndarray]:
         return [self.predict_action_chunk(request.batch) for request in requests]

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import uvicorn
 
+from rollserve.server.ws_protocol import SteadyReadWebSocketProtocol
+
 
 @dataclass
 class RunningServer:
@@ -45,7 +47,7 @@ def uvicorn_config(app, host: str, port: int, log_level: str = "warning") -> uvi
         port=port,
         log_level=log_level,
         http="auto",  # httptools (a server dependency) when installed, else h11
-        ws="websockets-sansio",
+        ws=SteadyReadWebSocketProtocol,  # uvicorn's websockets-sansio, one pause per backlog, not per message
         ws_max_size=2**31 - 1,  # frame limits are enforced by our own codec, with typed errors
         ws_per_message_deflate=False,
         lifespan="on",
