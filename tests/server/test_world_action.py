@@ -165,21 +165,36 @@ def test_mismatched_policy_is_refused_at_startup(policy) -> None:
         ActingWorld(ToyWorld(), policy)
 
 
-def test_serve_flag_world_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_world_policy_specs(policy) -> None:
+    from rollserve.models.flow_policy import FlowMatchingPolicy
+    from rollserve.server.launch import _world_policy
+
+    assert _world_policy(None, None) is None
+    assert isinstance(_world_policy("reference", None), FlowMatchingPolicy)
+    assert isinstance(_world_policy("rollserve.models.checkpoint:load_default", None), FlowMatchingPolicy)
+    with pytest.raises(ValueError, match="needs --policy"):
+        _world_policy("served", None)
+
+
+def test_serve_a_world_acting_with_the_served_policy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rollserve serve --policy ... --world sim --world-policy served`: one policy, two uses."""
     assert cli_main(["serve", "--world", "sim", "--world-policy", "served", "--port", "0"]) == 2
     assert "--world-policy served needs --policy" in capsys.readouterr().err
     command = [
-        sys.executable,
-        "-m",
-        "rollserve.cli",
-        "serve",
-        "--world",
-        "sim",
-        "--world-policy",
-        "reference",
+        *(sys.executable, "-m", "rollserve.cli", "serve", "--port", "0"),
+        *(
+            "--policy",
+            "rollserve.models.checkpoint:load_default",
+            "--world",
+            "sim",
+            "--world-policy",
+            "served",
+        ),
     ]
     log = (tmp_path / "serve.log").open("w")
-    proc = subprocess.Popen([*command, "--port", "0"], stdout=subprocess.PIPE, stderr=log, text=True)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
     try:
@@ -189,6 +204,7 @@ def test_serve_flag_world_policy(tmp_path: Path, capsys: pytest.CaptureFixture[s
         with RolloutClient(f"http://127.0.0.1:{port}") as client:
             sid, _ = client.create_session("sim", seed=2)
             assert client.step(sid, 0, None).actions.shape == (1, 8)  # type: ignore[union-attr]
+            assert [m["kind"] for m in client.models()] == ["policy", "world"]
     finally:
         proc.terminate()
         proc.wait(20)

@@ -77,28 +77,33 @@ class ActingWorld:
 
     def step_batch(self, steps: Sequence[WorldStep]) -> list[WorldOutput | BaseException]:
         """Plan where needed (one policy call for the batch), then one step of the wrapped world."""
-        chosen: list[tuple[np.ndarray, np.ndarray] | BaseException | None] = [None] * len(steps)
+        empty = np.empty((0, self.spec.action_dim), np.float32)
+        # per item: (action to apply, plan left afterwards), or the error that stops the item
+        chosen: list[tuple[np.ndarray, np.ndarray] | BaseException] = []
         need: list[int] = []
         for i, step in enumerate(steps):
             state = step.state
             if not isinstance(state, ActingState):
-                chosen[i] = TypeError(f"an acting world steps ActingState, not {type(state).__name__}")
-            elif step.action is not None:
-                chosen[i] = (
-                    np.asarray(step.action, np.float32),
-                    np.empty((0, self.spec.action_dim), np.float32),
-                )
+                chosen.append(TypeError(f"an acting world steps ActingState, not {type(state).__name__}"))
+            elif step.action is not None:  # the client acts: apply its action, drop the plan
+                chosen.append((np.asarray(step.action, np.float32), empty))
             elif len(state.plan):
-                chosen[i] = (state.plan[0], state.plan[1:])
+                chosen.append((state.plan[0], state.plan[1:]))
             else:
+                chosen.append(RuntimeError("not planned"))  # replaced once the policy planned
                 need.append(i)
         for i, plan in zip(need, self._plan([steps[i].state.observation for i in need]), strict=True):
             chosen[i] = plan if isinstance(plan, BaseException) else (plan[0], plan[1:])
-        runnable = [i for i, c in enumerate(chosen) if not isinstance(c, BaseException)]
-        inner = [WorldStep(steps[i].state.inner, chosen[i][0], steps[i].inputs) for i in runnable]  # type: ignore[index]
-        results: list[WorldOutput | BaseException] = [c for c in chosen]  # type: ignore[misc]
-        for i, out in zip(runnable, self.world.step_batch(inner) if inner else [], strict=True):
-            action, rest = chosen[i]  # type: ignore[misc]
+        results: list[WorldOutput | BaseException] = []
+        runnable: list[tuple[int, np.ndarray, np.ndarray]] = []
+        for i, item in enumerate(chosen):
+            results.append(item if isinstance(item, BaseException) else RuntimeError("not stepped"))
+            if not isinstance(item, BaseException):
+                runnable.append((i, *item))
+        inner = [WorldStep(steps[i].state.inner, action, steps[i].inputs) for i, action, _ in runnable]
+        for (i, action, rest), out in zip(
+            runnable, self.world.step_batch(inner) if inner else [], strict=True
+        ):
             wrapped = self._wrap(out, rest)
             if isinstance(wrapped, WorldOutput) and steps[i].action is None:
                 wrapped = replace(wrapped, action=action)
