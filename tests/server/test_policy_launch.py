@@ -143,3 +143,17 @@ def test_policy_args_parse_json_or_text() -> None:
     }
     with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_policy_args(["oops"])
+
+
+def test_rollserve_serve_takes_the_key_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = "env-Key-7"
+    monkeypatch.setenv("ROLLSERVE_API_KEY", key)
+    with rollserve_serve(tmp_path) as (port, line):
+        assert "api key required" in line
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/metrics", timeout=10).status_code == 401
+        for presented, status in ((key[:-1], 401), (key.upper(), 401), (key, 200)):
+            headers = {"Authorization": f"Api-Key {presented}"}
+            assert httpx.get(f"{base}/v1/models", headers=headers, timeout=10).status_code == status
