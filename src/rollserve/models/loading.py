@@ -1,11 +1,18 @@
-"""Load a user's policy from a spec string ``module.path:factory``, with errors that say what to fix."""
+"""Load a user's policy from a spec string, with errors that say what to fix.
+
+``module.path:factory`` calls the user's factory; ``lerobot:PATH`` loads a LeRobot checkpoint
+directory through :mod:`rollserve.adapters.lerobot` (``lerobot:`` is reserved for that).
+"""
 
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 from rollserve.models.policy import Policy, PolicyMetadata
+
+LEROBOT_PREFIX = "lerobot:"
 
 
 class PolicyLoadError(ValueError):
@@ -31,10 +38,16 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
     """Import ``module.path`` and call ``factory(**kwargs)``; the result must be a :class:`Policy`.
 
     ``factory`` may also name a ready policy object (then ``kwargs`` must be empty).
+    ``lerobot:PATH`` loads a LeRobot checkpoint directory (``kwargs`` go to its loader).
     """
+    if spec.startswith(LEROBOT_PREFIX):
+        return _load_lerobot(spec, **kwargs)
     module_path, sep, attr = spec.partition(":")
     if not sep or not module_path or not attr or ":" in attr:
-        raise PolicyLoadError(f"policy spec {spec!r} must look like 'package.module:factory'")
+        hint = ""
+        if os.path.isdir(spec):
+            hint = f"; to serve a LeRobot checkpoint directory use 'lerobot:{spec}'"
+        raise PolicyLoadError(f"policy spec {spec!r} must look like 'package.module:factory'{hint}")
     module = _import_module(module_path, spec)
     target: Any = module
     for part in attr.split("."):
@@ -54,6 +67,22 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
             ) from exc
     else:
         raise PolicyLoadError(f"policy spec {spec!r}: {attr!r} is neither a factory nor a policy")
+    _check_policy(policy, spec)
+    return policy
+
+
+def _load_lerobot(spec: str, **kwargs: Any) -> Policy:
+    from rollserve.adapters.lerobot import load_lerobot_policy
+
+    path = spec[len(LEROBOT_PREFIX) :]
+    if not path:
+        raise PolicyLoadError("policy spec 'lerobot:' needs a checkpoint directory: 'lerobot:PATH'")
+    try:
+        policy = load_lerobot_policy(path, **kwargs)
+    except TypeError as exc:
+        raise PolicyLoadError(f"policy spec {spec!r}: bad argument: {exc}") from exc
+    except ValueError as exc:
+        raise PolicyLoadError(f"policy spec {spec!r}: {exc}") from exc
     _check_policy(policy, spec)
     return policy
 

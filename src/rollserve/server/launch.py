@@ -22,7 +22,15 @@ logger = logging.getLogger("rollserve.serve")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--policy", metavar="SPEC", help="policy factory 'module.path:factory'")
+    parser.add_argument(
+        "--policy", metavar="SPEC",
+        help="policy factory 'module.path:factory', or 'lerobot:PATH' for a LeRobot checkpoint directory "
+        "(config.json, model.safetensors, processor configs; pip install 'rollserve[lerobot]')",
+    )  # fmt: skip
+    parser.add_argument(
+        "--action-names", metavar="A,B,...",
+        help="comma-separated action names (a LeRobot checkpoint has none; default action_0, action_1, ...)",
+    )  # fmt: skip
     parser.add_argument(
         "--policy-arg", metavar="KEY=VALUE", action="append", default=[],
         help="keyword argument for the policy factory (VALUE parsed as JSON when it can be); repeatable",
@@ -76,6 +84,13 @@ def parse_policy_args(items: list[str]) -> dict[str, Any]:
             kwargs[key] = json.loads(value)
         except json.JSONDecodeError:
             kwargs[key] = value
+    return kwargs
+
+
+def _policy_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    kwargs = parse_policy_args(args.policy_arg)
+    if getattr(args, "action_names", None):
+        kwargs["action_names"] = args.action_names
     return kwargs
 
 
@@ -154,7 +169,7 @@ def main(args: argparse.Namespace) -> int:
             from rollserve.server.policy.service import PolicyService
 
             policy = PolicyService.from_spec(
-                args.policy, settings, policy_kwargs=parse_policy_args(args.policy_arg),
+                args.policy, settings, policy_kwargs=_policy_kwargs(args),
                 execution_horizon=args.rtc_horizon, openpi_layout=args.openpi_layout,
             )  # fmt: skip
         if args.world:
