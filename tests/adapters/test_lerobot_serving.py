@@ -124,12 +124,12 @@ def _rollserve_serve(tmp_path: Path, *args: str) -> Iterator[int]:
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
         try:
-            try:
-                line = lines.get(timeout=180)
-            except queue.Empty:
-                pytest.fail(f"server did not start:\n{log_path.read_text()}")
-            match = READY.search(line)
-            assert match, f"{line}\n{log_path.read_text()}"
+            match = None
+            while match is None:  # LeRobot prints lines of its own before the server's
+                try:
+                    match = READY.search(lines.get(timeout=180))
+                except queue.Empty:
+                    pytest.fail(f"server did not start:\n{log_path.read_text()}")
             yield int(match.group(1))
         finally:
             proc.terminate()
