@@ -86,7 +86,7 @@ def measure(robot: Any, count: int) -> list[float]:
 def spread(values: list[float]) -> str:
     """The range of the per-round values: how far apart the rounds fell."""
     low, high = min(values), max(values)
-    return f"{low:,.0f}-{high:,.0f}" if low >= 100 else f"{low:.3g}-{high:.3g}"
+    return f"{low:,.0f}-{high:,.0f}" if high >= 100 else f"{low:.3g}-{high:.3g}"
 
 
 def start_servers(layout: str, policy_args: dict[str, Any], baseline_src: str | None) -> dict[str, Any]:

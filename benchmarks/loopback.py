@@ -256,14 +256,22 @@ ROBOTS = {"session": SessionRobot, "openpi": OpenpiRobot}
 
 # -- robot processes ------------------------------------------------------------------------------------
 def _robot_loop(conn: Connection) -> None:
-    """One robot process: run each job ``(protocol, port, start, duration, observation kwargs)`` and
-    send back its latencies."""
+    """One robot process: run each job ``(protocol, port, duration, observation kwargs)`` and send back
+    its latencies. After connecting and warming up it reports ready and waits for the common start
+    time, so every robot of a point runs through the whole window (a loaded machine may take
+    seconds to connect eight robots)."""
+    from openpi_client import websocket_client_policy  # noqa: F401  (imported once, not in a window)
+
+    import rollserve.client  # noqa: F401
+
     while (job := conn.recv()) is not None:
-        protocol, port, start, duration, obs_kwargs = job
+        protocol, port, duration, obs_kwargs = job
         try:
             robot = ROBOTS[protocol](port, make_observation(**obs_kwargs))
             for _ in range(3):
                 robot.infer()
+            conn.send("ready")
+            start = conn.recv()
             latencies = []
             time.sleep(max(0.0, start - time.monotonic()))
             end = start + duration
@@ -297,12 +305,18 @@ class RobotPool:
     ) -> list[float]:
         """All latencies of ``robots`` robots hammering ``port`` together for ``duration`` seconds, each
         sending ``make_observation(**obs_kwargs)`` (no cameras by default)."""
-        start = time.monotonic() + 0.5 + 0.05 * robots  # time to connect and warm up
         job_obs = obs_kwargs if obs_kwargs is not None else {"cameras": 0}
-        for conn in self.conns[:robots]:
-            conn.send((protocol, port, start, duration, job_obs))
+        conns = self.conns[:robots]
+        for conn in conns:
+            conn.send((protocol, port, duration, job_obs))
+        for conn in conns:  # every robot connected and warmed up (or failed)
+            if (reply := conn.recv()) != "ready":
+                raise RuntimeError(f"robot failed:\n{reply}")
+        start = time.monotonic() + 0.05
+        for conn in conns:
+            conn.send(start)
         latencies: list[float] = []
-        for conn in self.conns[:robots]:
+        for conn in conns:
             reply = conn.recv()
             if isinstance(reply, str):
                 raise RuntimeError(f"robot failed:\n{reply}")

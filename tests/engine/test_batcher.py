@@ -393,3 +393,18 @@ async def test_inline_errors_reach_the_caller_and_close_still_refuses() -> None:
     worker.close()
     with pytest.raises(EngineClosed):
         await worker.submit(1)
+
+
+async def test_runs_inline_now_says_what_the_next_submit_does() -> None:
+    names: list[str] = []
+    worker = BatchingWorker(_recording(names), name="test-engine", inline_below_s=0.05)
+    try:
+        predictions = []
+        for i in range(5):
+            predictions.append(worker.runs_inline_now())
+            await worker.submit(i)
+        here = threading.current_thread().name
+        assert predictions == [name == here for name in names] == [False] * 3 + [True] * 2
+    finally:
+        worker.close()
+    assert not worker.runs_inline_now()

@@ -157,6 +157,14 @@ class BatchingWorker(Generic[Req, Res]):
         self._enqueue(pending)
         return await pending.future  # type: ignore[no-any-return]
 
+    def runs_inline_now(self) -> bool:
+        """Whether a :meth:`submit` made now, before anything else is queued, runs on the caller's
+        thread (so an event loop may await it in place instead of in a task of its own)."""
+        if self.inline_below_s <= 0:
+            return False
+        with self._cond:
+            return not (self._busy or self._pending or self._closed) and self._measured_cheap_locked()
+
     def _run_inline(self, item: Req) -> Completed[Res] | BaseException | None:
         """Run ``item`` on this thread if the worker is idle and the model measured cheap; else None."""
         with self._cond:

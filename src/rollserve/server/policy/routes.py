@@ -114,7 +114,10 @@ class _SessionSocket:
             await self._error(exc.code, exc.message)
             return
         if isinstance(msg, ObservationMsg):
-            self._spawn(self._observe(msg))
+            if self.service.worker.runs_inline_now():
+                await self._observe(msg)  # done on this loop at once: no task to create and schedule
+            else:
+                self._spawn(self._observe(msg))
         elif isinstance(msg, SessionOpen):
             await self._open(msg)
         elif isinstance(msg, ResetMsg):
