@@ -226,3 +226,22 @@ def test_batch_step_plans_every_acting_session_in_one_policy_call() -> None:
         assert isinstance(results[4], RolloutRequestError) and results[4].code == "session_not_found"
         client.batch_step([StepCall(sid, 1, None) for sid in sids])
         assert policy.batch_sizes == [4]  # the next three actions come from the stored plans
+
+
+def test_the_learned_world_acts_too(policy) -> None:
+    from rollserve.models.worlds import load_world
+
+    acting = RolloutService(ActingWorld(load_world("learned"), policy), SETTINGS)
+    plain = RolloutService(load_world("learned"), SETTINGS)
+    with (
+        serving(create_app(SETTINGS, rollout=acting)) as a,
+        serving(create_app(SETTINGS, rollout=plain)) as p,
+        RolloutClient(a.http_url) as world,
+        RolloutClient(p.http_url) as model,
+    ):
+        sid, _ = world.create_session("learned", seed=4)
+        twin, _ = model.create_session("learned", seed=4)
+        for t in range(3):
+            got = world.step(sid, t, None)
+            want = model.step(twin, t, got.actions[0])  # type: ignore[index]
+            np.testing.assert_array_equal(got.observation, want.observation)
