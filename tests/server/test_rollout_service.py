@@ -560,3 +560,20 @@ async def test_a_worlds_own_non_finite_start_is_a_model_error_not_the_clients() 
         assert (await svc.get_status(sid)).committed_step_id == 0  # the failed reset changed nothing
     finally:
         svc.close()
+
+
+async def test_start_conditions_apply_only_to_a_fresh_context(service, world) -> None:
+    """Regression guard: start conditions re-applied after the first step restarted the world while
+    ``committed_step_id`` advanced. The toy world moves the joints halfway to the command."""
+    sid = await new_session(service)
+    start_at = lambda joints: {"observation/state": [joints] * 7 + [0.0] + [0.5] * 7}  # noqa: E731
+    first = await service.step(sid, step_req(0, 0.1, extra=start_at(0.0)))
+    np.testing.assert_allclose(decode(first.next_observation)[:7], 0.05)  # (0 + 0.1) / 2
+    inits = len(world.init_calls)
+    second = await service.step(sid, step_req(1, 0.1, extra=start_at(0.9)))
+    # continues from 0.05 -> 0.075; a re-applied start would give (0.9 + 0.1) / 2 = 0.5
+    np.testing.assert_allclose(decode(second.next_observation)[:7], 0.075)
+    assert len(world.init_calls) == inits and second.model_metadata.committed_step_id == 1
+    await service.reset_session(sid)
+    fresh = await service.step(sid, step_req(0, 0.1, extra=start_at(0.9)))
+    np.testing.assert_allclose(decode(fresh.next_observation)[:7], 0.5)  # a fresh context: applied
