@@ -30,3 +30,12 @@ def test_readme_example_runs(code: str) -> None:
     for line in expected:
         assert line.strip() in done.stdout
     assert done.stdout.strip(), "an example should show its result"
+    if "RolloutEnv" in code:  # the world example: the policy succeeds in both worlds, returns agree
+        results = re.findall(
+            r"^(\w+): return (-?\d+\.\d\d), success (True|False)$", done.stdout, re.MULTILINE
+        )
+        assert [(world, ok) for world, _, ok in results] == [("learned", "True"), ("sim", "True")], (
+            done.stdout
+        )
+        learned, sim = (float(value) for _, value, _ in results)
+        assert abs(learned - sim) < 5.0  # a success bonus (10) apart would mean the worlds disagree
