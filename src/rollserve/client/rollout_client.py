@@ -84,8 +84,8 @@ def action_body(action: Any) -> dict[str, Any]:
 class RolloutClient:
     """Rollout sessions on a rollserve (or vLLM-Omni P0) server.
 
-    Transport failures (connection errors, timeouts, 502/504) are retried with backoff, at most
-    ``max_retries`` times; server refusals raise :class:`RolloutRequestError` at once.
+    Transport failures (connection errors, timeouts, 502/504, a proxy's bare 5xx) are retried with
+    backoff, at most ``max_retries`` times; server refusals raise :class:`RolloutRequestError` at once.
     """
 
     def __init__(
@@ -259,11 +259,21 @@ class RolloutClient:
                 payload = resp.json()
             except ValueError:
                 payload = {"error": {"code": "http_error", "message": resp.text[:200]}}
+        if resp.status_code >= 500 and not _typed_error(payload):
+            # not rollserve's answer but a proxy's (Ray Serve answers a bare 500 when the replica
+            # died under the request): the request may or may not have run, as after a lost reply
+            raise httpx.RemoteProtocolError(f"upstream answered {resp.status_code}", request=request)
         return resp.status_code, payload
 
     def _pause(self, attempt: int) -> None:
         self.retries += 1
         time.sleep(min(self.max_backoff_s, self.backoff_s * 2**attempt))
+
+
+def _typed_error(payload: Any) -> bool:
+    """Whether a body is rollserve's own error (a typed ``error.code``), not a proxy's page."""
+    error = payload.get("error") if isinstance(payload, dict) else None
+    return isinstance(error, dict) and isinstance(error.get("code"), str) and error["code"] != "http_error"
 
 
 def _step_body(call: StepCall) -> dict[str, Any]:

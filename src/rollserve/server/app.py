@@ -7,7 +7,7 @@ a world, or both from one process.
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -23,13 +23,22 @@ if TYPE_CHECKING:
     from rollserve.server.rollout.service import RolloutService
 
 
+class DeploymentView(Protocol):
+    """What a scaled-out deployment (``rollserve.scale``) adds: metrics and facts of every replica."""
+
+    async def metrics(self) -> tuple[bytes, str]: ...
+    async def describe(self) -> dict[str, Any]: ...
+
+
 def create_app(
     settings: ServerSettings | None = None,
     *,
     policy: PolicyService | None = None,
     rollout: RolloutService | None = None,
+    deployment: DeploymentView | None = None,
 ) -> FastAPI:
-    """Build the app for the given services; each one is optional."""
+    """Build the app for the given services; each one is optional. With ``deployment`` (one replica
+    of many), ``/metrics`` and ``/v1/models`` describe the whole deployment, not this process."""
     settings = settings or ServerSettings()
 
     @asynccontextmanager
@@ -54,7 +63,7 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        body, content_type = METRICS.render()
+        body, content_type = await deployment.metrics() if deployment else METRICS.render()
         return Response(content=body, media_type=content_type)
 
     @app.get("/v1/models")
@@ -64,7 +73,10 @@ def create_app(
             data.extend(policy.describe_models())
         if rollout is not None:
             data.extend(rollout.describe_models())
-        return {"object": "list", "data": data}
+        listing: dict[str, Any] = {"object": "list", "data": data}
+        if deployment is not None:
+            listing["deployment"] = await deployment.describe()
+        return listing
 
     if policy is not None:
         from rollserve.server.policy.routes import add_policy_routes

@@ -71,6 +71,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--max-frame-mb", type=float, default=64.0, help="largest accepted frame, in MiB")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    scale = parser.add_argument_group(
+        'scale-out on Ray Serve (pip install "rollserve[ray]"; docs/scale-out.md)'
+    )
+    scale.add_argument(
+        "--ray", action="store_true", help="serve replicas of the app behind Ray Serve's proxy"
+    )
+    scale.add_argument("--replicas", type=int, default=1, help="how many replicas (with --ray)")
+    scale.add_argument(
+        "--ray-address", default=None, help="join this Ray cluster (e.g. 'auto'); default: start a local one"
+    )
+    scale.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs per replica (with --ray)")
+    scale.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs per replica (with --ray)")
+    scale.add_argument(
+        "--max-rollout-sessions", type=int, default=256,
+        help="most open rollout sessions (with --ray: of the whole deployment)",
+    )  # fmt: skip
 
 
 def parse_policy_args(items: list[str]) -> dict[str, Any]:
@@ -87,7 +103,8 @@ def parse_policy_args(items: list[str]) -> dict[str, Any]:
     return kwargs
 
 
-def _policy_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+def policy_kwargs_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The policy factory's keyword arguments from the flags (also each Ray replica's)."""
     kwargs = parse_policy_args(args.policy_arg)
     if getattr(args, "action_names", None):
         kwargs["action_names"] = args.action_names
@@ -108,7 +125,9 @@ def _world_policy(spec: str | None, served: Any) -> Any:
     return load_policy(REFERENCE_POLICY if spec == "reference" else spec)
 
 
-def _load_rollout(world_spec: str, settings: ServerSettings, world_policy: Any = None) -> Any:
+def _load_rollout(
+    world_spec: str, settings: ServerSettings, world_policy: Any = None, store: Any = None
+) -> Any:
     try:
         worlds = importlib.import_module("rollserve.models.worlds")
         service_module = importlib.import_module("rollserve.server.rollout.service")
@@ -121,7 +140,38 @@ def _load_rollout(world_spec: str, settings: ServerSettings, world_policy: Any =
         from rollserve.models.world_action import ActingWorld
 
         world = ActingWorld(world, world_policy)
-    return service_module.RolloutService(world, settings)
+    return service_module.RolloutService(world, settings, store=store)
+
+
+def load_services(
+    policy_spec: str | None,
+    world_spec: str | None,
+    settings: ServerSettings,
+    *,
+    policy_kwargs: dict[str, Any],
+    execution_horizon: int | None,
+    openpi_layout: str,
+    world_policy: str | None = None,
+    store: Any = None,
+) -> tuple[Any, Any]:
+    """The policy and/or rollout service one server (or one Ray replica) serves. A bad spec raises
+    ``ValueError`` with anything already loaded closed again; ``store`` is the rollout store."""
+    policy = rollout = None
+    try:
+        if policy_spec:
+            from rollserve.server.policy.service import PolicyService
+
+            policy = PolicyService.from_spec(
+                policy_spec, settings, policy_kwargs=policy_kwargs,
+                execution_horizon=execution_horizon, openpi_layout=openpi_layout,
+            )  # fmt: skip
+        if world_spec:
+            rollout = _load_rollout(world_spec, settings, _world_policy(world_policy, policy), store)
+    except ValueError:
+        if policy is not None:
+            policy.close()
+        raise
+    return policy, rollout
 
 
 def _describe(policy: Any, rollout: Any, settings: ServerSettings, url: str) -> str:
@@ -156,29 +206,27 @@ def main(args: argparse.Namespace) -> int:
         inline_below_ms=args.inline_below_ms,
         max_policy_sessions=args.max_sessions,
         rollout_status_codes=args.status_codes,
+        max_rollout_sessions=args.max_rollout_sessions,
         limits=WireLimits(max_frame_bytes=int(args.max_frame_mb * 1024 * 1024)),
     )
+    if args.ray:
+        from rollserve.scale.launch import serve_on_ray
+
+        return serve_on_ray(args, settings)
     try:
         sock = listening_socket(args.host, args.port)
     except OSError as exc:
         print(f"rollserve serve: error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
-    policy = rollout = None
     try:
-        if args.policy:
-            from rollserve.server.policy.service import PolicyService
-
-            policy = PolicyService.from_spec(
-                args.policy, settings, policy_kwargs=_policy_kwargs(args),
-                execution_horizon=args.rtc_horizon, openpi_layout=args.openpi_layout,
-            )  # fmt: skip
-        if args.world:
-            rollout = _load_rollout(args.world, settings, _world_policy(args.world_policy, policy))
+        policy, rollout = load_services(
+            args.policy, args.world, settings, policy_kwargs=policy_kwargs_of(args),
+            execution_horizon=args.rtc_horizon, openpi_layout=args.openpi_layout,
+            world_policy=args.world_policy,
+        )  # fmt: skip
     except ValueError as exc:  # PolicyLoadError and bad arguments: a clear message, no traceback
         print(f"rollserve serve: error: {exc}", file=sys.stderr)
         sock.close()
-        if policy is not None:
-            policy.close()
         return 2
 
     from rollserve.server.app import create_app

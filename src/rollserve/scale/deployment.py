@@ -1,0 +1,161 @@
+"""The Ray Serve deployment: every replica runs the one app (``create_app``) behind Serve's proxy.
+
+A replica loads its own policy and/or world (its own engine thread, so batching works per replica
+as in one process). Policy websockets are ASGI connections Serve keeps on the replica that
+accepted them for their whole life. Rollout sessions live in the deployment's committed-state
+actor (``scale.actor``), so any replica serves any session. :func:`build_app` is the Serve
+application builder, used by ``rollserve serve --ray`` and by ``serve deploy`` config files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import ray
+from ray import serve
+
+from rollserve.scale.actor import table_actor, table_call
+from rollserve.scale.metrics import merge_reports
+from rollserve.scale.store import SharedRolloutStore
+from rollserve.server.metrics import METRICS
+from rollserve.server.settings import ServerSettings
+from rollserve.wire.limits import WireLimits
+
+logger = logging.getLogger(__name__)
+
+APP_NAME = "rollserve"
+REPORT_EVERY_S = 2.0
+
+
+SERVICE_KEYS = ("policy", "policy_kwargs", "world", "world_policy", "execution_horizon", "openpi_layout")
+DEFAULT_TABLE = "rollserve-committed-state"
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """What each replica serves, as plain values (a Serve config file gives them as ``args``).
+
+    ``settings`` holds :class:`ServerSettings` fields by name (``max_frame_bytes`` for the wire
+    limit). ``max_policy_sessions`` counts per replica (a robot's websocket stays on one);
+    ``max_rollout_sessions`` per deployment (the shared table enforces it).
+    """
+
+    policy: str | None = None
+    policy_kwargs: dict[str, Any] = field(default_factory=dict)
+    world: str | None = None
+    world_policy: str | None = None
+    execution_horizon: int | None = None
+    openpi_layout: str = "auto"
+    table_name: str = DEFAULT_TABLE
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def server_settings(self) -> ServerSettings:
+        values = dict(self.settings)
+        limits = WireLimits(max_frame_bytes=int(values.pop("max_frame_bytes", WireLimits().max_frame_bytes)))
+        return ServerSettings(**values, limits=limits)
+
+    @staticmethod
+    def settings_of(settings: ServerSettings) -> dict[str, Any]:
+        """The fields a replica needs from the CLI's settings (its host and port are Serve's)."""
+        values = {f.name: getattr(settings, f.name) for f in fields(settings)}
+        for name in ("host", "port", "limits"):
+            values.pop(name)
+        return {**values, "max_frame_bytes": settings.limits.max_frame_bytes}
+
+
+class _Deployment:
+    """``create_app``'s view of the whole deployment (``/metrics``, ``/v1/models``)."""
+
+    def __init__(self, replica_id: str, actor: Any, has_rollout: bool) -> None:
+        self.replica_id, self.actor, self.has_rollout = replica_id, actor, has_rollout
+
+    async def metrics(self) -> tuple[bytes, str]:
+        await self.actor.report.remote(self.replica_id, METRICS.render()[0])  # this one, fresh
+        reports = await self.actor.replicas.remote()
+        stats = await self.actor.call.remote("stats") if self.has_rollout else {}
+        return merge_reports(reports, stats), "text/plain; version=0.0.4; charset=utf-8"
+
+    async def describe(self) -> dict[str, Any]:
+        reports = await self.actor.replicas.remote()
+        facts: dict[str, Any] = {
+            "kind": "ray-serve",
+            "replicas": sorted(reports),
+            "served_by": self.replica_id,
+        }
+        if self.has_rollout:
+            facts["rollout_sessions"] = await self.actor.call.remote("stats")
+        return facts
+
+    async def report_forever(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):  # the actor restarting must not kill the replica
+                await self.actor.report.remote(self.replica_id, METRICS.render()[0])
+            await asyncio.sleep(REPORT_EVERY_S)
+
+
+@serve.ingress()
+class RollserveReplica:
+    """One replica: its services, the shared rollout store, and the app built from them."""
+
+    async def __init__(self, config: dict[str, Any]) -> None:
+        from rollserve.server.launch import load_services
+
+        cfg = ReplicaConfig(**config)
+        settings = cfg.server_settings()
+        capacity = settings.max_rollout_sessions
+        actor = table_actor(cfg.table_name, capacity, settings.rollout_idle_ttl_s)
+        store = SharedRolloutStore(table_call(actor), capacity) if cfg.world else None
+        self.policy, self.rollout = load_services(
+            cfg.policy, cfg.world, settings, policy_kwargs=cfg.policy_kwargs,
+            execution_horizon=cfg.execution_horizon, openpi_layout=cfg.openpi_layout,
+            world_policy=cfg.world_policy, store=store,
+        )  # fmt: skip
+        replica_id = serve.get_replica_context().replica_id.unique_id
+        self.view = _Deployment(replica_id, actor, self.rollout is not None)
+        self._reporter = asyncio.get_running_loop().create_task(self.view.report_forever())
+        self.settings = settings
+        logger.info("replica %s up (pid %d)", replica_id, os.getpid())
+
+    def __serve_build_asgi_app__(self) -> Any:
+        from rollserve.server.app import create_app
+
+        return create_app(self.settings, policy=self.policy, rollout=self.rollout, deployment=self.view)
+
+
+def build_app(args: dict[str, Any]) -> Any:
+    """The Serve application builder (``import_path: rollserve.scale.deployment:build_app``).
+
+    ``args``: ``policy``, ``policy_kwargs``, ``world``, ``world_policy``, ``execution_horizon``,
+    ``openpi_layout``, ``table_name``; ``replicas`` (default 1), ``replica_cpus`` (1),
+    ``replica_gpus`` (0); any other key is a :class:`ServerSettings` field (or ``max_frame_bytes``).
+    """
+    args = dict(args)
+    replicas = int(args.pop("replicas", 1))
+    cpus, gpus = float(args.pop("replica_cpus", 1.0)), float(args.pop("replica_gpus", 0.0))
+    named = {k: args.pop(k) for k in (*SERVICE_KEYS, "table_name") if k in args}
+    config = asdict(ReplicaConfig(**named, settings=args))
+    ReplicaConfig(**config).server_settings()  # a bad setting fails here, not in every replica
+    deployment = serve.deployment(
+        RollserveReplica,
+        name="RollserveReplica",
+        num_replicas=replicas,
+        ray_actor_options={"num_cpus": cpus, "num_gpus": gpus},
+        # a robot's websocket is one request for its whole life: never let Serve's default of 5 cap it
+        max_ongoing_requests=max(1000, 4 * int(args.get("max_policy_sessions", 64))),
+        health_check_period_s=2.0,
+        health_check_timeout_s=10.0,
+    )
+    return deployment.bind(config)
+
+
+def remove_table(table_name: str) -> None:
+    """Kill the deployment's committed-state actor (its sessions are gone with it)."""
+    from rollserve.scale.actor import NAMESPACE
+
+    with contextlib.suppress(ValueError):
+        ray.kill(ray.get_actor(table_name, namespace=NAMESPACE))

@@ -1,0 +1,95 @@
+"""``rollserve serve --ray``: start (or join) Ray, deploy N replicas of the app on Serve, wait for Ctrl-C.
+
+Serve's proxy owns the HTTP port; every replica serves the same routes behind it. Prints one line,
+like the single-process server, once every replica is up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import threading
+from typing import Any
+
+from rollserve.server.launch import policy_kwargs_of
+from rollserve.server.settings import ServerSettings
+
+
+def free_port(host: str) -> int:
+    """A port free right now (Serve's proxy cannot be asked for port 0)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def app_args(args: argparse.Namespace, settings: ServerSettings) -> dict[str, Any]:
+    """The application builder's ``args`` for these command-line flags (as a config file gives them)."""
+    from rollserve.scale.deployment import ReplicaConfig
+
+    return {
+        "policy": args.policy,
+        "policy_kwargs": policy_kwargs_of(args),
+        "world": args.world,
+        "world_policy": getattr(args, "world_policy", None),
+        "execution_horizon": args.rtc_horizon,
+        "openpi_layout": args.openpi_layout,
+        "replicas": args.replicas,
+        "replica_cpus": args.replica_cpus,
+        "replica_gpus": args.replica_gpus,
+        **ReplicaConfig.settings_of(settings),
+    }
+
+
+def serve_on_ray(args: argparse.Namespace, settings: ServerSettings) -> int:
+    try:
+        import ray
+        from ray import serve
+    except ModuleNotFoundError:
+        print('rollserve serve: error: --ray needs Ray Serve: pip install "rollserve[ray]"', file=sys.stderr)
+        return 2
+    from rollserve.scale.deployment import APP_NAME, DEFAULT_TABLE, build_app, remove_table
+
+    if args.replicas < 1:
+        print("rollserve serve: error: --replicas must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        application = build_app(app_args(args, settings))
+    except (TypeError, ValueError) as exc:
+        print(f"rollserve serve: error: {exc}", file=sys.stderr)
+        return 2
+    local = args.ray_address is None
+    if local:  # logical CPUs: enough for every replica whatever the machine's core count
+        cpus = max(os.cpu_count() or 1, int(args.replicas * args.replica_cpus + 0.999))
+        ray.init(num_cpus=cpus, include_dashboard=False, namespace="rollserve")
+    else:
+        ray.init(address=args.ray_address, namespace="rollserve")
+    port = args.port or free_port(args.host)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        serve.start(http_options={"host": args.host, "port": port})
+        try:
+            serve.run(application, name=APP_NAME, route_prefix="/", blocking=False)
+        except RuntimeError as exc:  # Serve gave up on the replicas (a bad spec, no resources)
+            print(f"rollserve serve: error: the replicas did not start: {exc}", file=sys.stderr)
+            return 2
+        url = f"http://[{args.host}]:{port}" if ":" in args.host else f"http://{args.host}:{port}"
+        served = " and ".join(x for x in (args.policy and "policy", args.world and "rollouts") if x)
+        where = "a local Ray" if local else f"Ray at {args.ray_address}"
+        key = "api key required" if settings.api_key else "no api key"
+        replicas = f"{args.replicas} replica(s) on Ray Serve ({where})"
+        print(f"rollserve serving on {url} | {replicas} | {served} | {key}", flush=True)
+        stop.wait()
+    finally:
+        try:
+            serve.delete(APP_NAME)
+            remove_table(DEFAULT_TABLE)
+            if local:
+                serve.shutdown()
+        finally:
+            ray.shutdown()
+    return 0
