@@ -1,0 +1,52 @@
+"""`rollserve serve --ray` without `--ray-address` starts its own local Ray, serves, and on Ctrl-C
+takes everything down again. Skipped where Ray is not installed."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+pytest.importorskip("ray.serve")
+
+from rollserve.client.rollout_client import RolloutClient
+from rollserve.scale.launch import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def test_serve_ray_starts_a_local_cluster_and_stops_cleanly() -> None:
+    port = free_port("127.0.0.1")
+    command = [
+        sys.executable, "-c", "import sys; from rollserve.cli import main; sys.exit(main())",
+        "serve", "--ray", "--replicas", "1", "--world", "toy", "--port", str(port), "--log-level", "warning",
+    ]  # fmt: skip
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(server.stdout), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    try:
+        deadline = time.monotonic() + 300
+        while not any("rollserve serving on" in line for line in lines):
+            assert server.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
+            time.sleep(0.5)
+        line = next(line for line in lines if "rollserve serving on" in line)
+        assert f"http://127.0.0.1:{port}" in line and "1 replica(s) on Ray Serve (a local Ray)" in line
+        with RolloutClient(f"http://127.0.0.1:{port}") as client:
+            sid, _ = client.create_session("toy", seed=0)
+            client.step(sid, 0, np.zeros(8, np.float32))
+            assert client.status(sid)["committed_step_id"] == 0
+        server.send_signal(signal.SIGINT)
+        assert server.wait(120) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(30)
+    with pytest.raises(httpx.TransportError):  # the port is free again: Serve's proxy is gone
+        httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
