@@ -60,11 +60,11 @@ def test_without_lerobot_the_error_says_what_to_install(tmp_path: Path) -> None:
 def test_serve_help_documents_the_lerobot_syntax() -> None:
     import argparse
 
-    from rollserve.server.launch import _policy_kwargs, add_arguments
+    from rollserve.server.launch import add_arguments, policy_kwargs_of
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     text = " ".join(parser.format_help().split())
     assert "'lerobot:PATH' for a LeRobot checkpoint directory" in text and "--action-names" in text
     args = parser.parse_args(["--policy", "lerobot:x", "--action-names", "a,b", "--policy-arg", "seed=3"])
-    assert _policy_kwargs(args) == {"seed": 3, "action_names": "a,b"}
+    assert policy_kwargs_of(args) == {"seed": 3, "action_names": "a,b"}
