@@ -11,6 +11,7 @@ from hypothesis.extra import numpy as hnp
 
 from rollserve.wire import WireError, WireLimits, decode_tensor, encode_tensor, pack_frame, packb, unpackb
 from rollserve.wire.errors import BAD_SHAPE, TOO_MANY_ELEMENTS, UNSUPPORTED_DTYPE
+from rollserve.wire.tensors import decode_array
 
 NUMBER_DTYPES = st.sampled_from(["<f4", "<f8", "<f2", "<i8", "<i4", "<i2", "|i1", "|u1", "<u2", "<u4", "|b1"])
 
@@ -133,6 +134,9 @@ def test_decode_over_a_bytearray_frame_is_read_only_too() -> None:
     assert not decoded.flags.writeable
     inline = unpackb(bytearray(packb({"a": np.arange(6, dtype=np.float32)})))["a"]
     assert not inline.flags.writeable
+    assert not decode_array(
+        {b"__ndarray__": True, b"data": bytearray(8), b"dtype": "<f4", b"shape": [2]}
+    ).flags.writeable
 
 
 def test_odd_sized_tensors_each_start_on_an_8_byte_boundary_and_round_trip_exactly() -> None:

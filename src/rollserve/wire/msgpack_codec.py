@@ -130,5 +130,5 @@ def unpackb(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_L
     start = _PREFIX.size + header_len
     if start > len(view):
         raise WireError(BAD_SHAPE if header_len else MALFORMED_FRAME, "frame header runs past the frame")
-    payload = view[start + (-start % _ALIGN) :]
+    payload = view[start + (-start % _ALIGN) :].toreadonly()  # arrays viewing it are read-only too
     return _unpack(view[_PREFIX.size : start], _object_hook(limits, payload), limits)

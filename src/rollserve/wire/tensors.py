@@ -131,6 +131,8 @@ def decode_array(
         if not isinstance(data, bytes | bytearray | memoryview):
             raise WireError(MALFORMED_FRAME, "tensor data must be binary")
         offset, nbytes = 0, len(data)
+        if not isinstance(data, bytes):
+            data = memoryview(data).toreadonly()  # a view must never write into the sender's buffer
     else:
         pointer = obj.get(OOB_KEY)
         if not _natural_numbers(pointer, 2) or len(pointer) != 2:
@@ -141,9 +143,9 @@ def decode_array(
         data = payload
     if nbytes != count * dtype.itemsize:
         raise WireError(BAD_SHAPE, f"{nbytes} data bytes do not match shape {list(shape)} of {dtype.str}")
-    array = np.ndarray(shape, dtype, data, offset)  # a view at ``offset``: no slice, no copy
-    array.flags.writeable = False  # also over a bytearray frame, whose memory the view shares
-    return array
+    # A view at ``offset``: no slice, no copy; read-only because its buffer is (setting
+    # ``flags.writeable`` afterwards costs ~5 us per array, more than building the view).
+    return np.ndarray(shape, dtype, data, offset)
 
 
 def decode_scalar(obj: dict[Any, Any]) -> np.generic:
