@@ -1,9 +1,10 @@
 """Policy transports: the session-protocol websocket (``/v1/policy/ws``) and the openpi one (``/``).
 
 Transport only: decode a frame, hand it to :class:`PolicyService`, encode the reply. Inference runs
-in the service's engine thread; each observation is awaited in its own task, so a connection keeps
-reading (a newer observation can supersede a waiting one) and every other connection keeps being
-served. Every rejection is a typed reply; tracebacks stay in the server log.
+in the service's engine thread, or inline when the engine is idle and the policy measured cheap;
+an observation that waits for the engine is awaited in its own task, so a connection keeps reading
+(a newer observation can supersede a waiting one) and every other connection keeps being served.
+Every rejection is a typed reply; tracebacks stay in the server log.
 """
 
 from __future__ import annotations
