@@ -37,6 +37,7 @@ class CoreModule:
     sources: tuple[str, ...]
     tests: tuple[str, ...]
     pytest_args: tuple[str, ...] = ()
+    fork_server: bool = False  # torch is not fork-safe: fork mutants from a clean server process
 
 
 MODULES: dict[str, CoreModule] = {
@@ -55,6 +56,7 @@ MODULES: dict[str, CoreModule] = {
     "guidance": CoreModule(
         ("src/rollserve/models/flow_sampling.py",),
         ("tests/models/test_flow_guidance.py", "tests/models/test_guidance_settings.py"),
+        fork_server=True,
     ),
 }
 
@@ -80,6 +82,7 @@ def prepare(name: str, module: CoreModule) -> Path:
         f"pytest_add_cli_args_test_selection = {_toml_list(module.tests)}\n"
         f"pytest_add_cli_args = {_toml_list(('-p', 'no:cacheprovider', '-q', *module.pytest_args))}\n"
         "use_git_change_detection = false\n"
+        + ('process_isolation = "forkserver"\n' if module.fork_server else "")
     )
     (workdir / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text() + config)
     return workdir

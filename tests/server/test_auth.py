@@ -77,6 +77,7 @@ def test_anything_but_the_key_is_refused(server: RunningServer, path: str, heade
     response = _get(server, path, **headers)
     assert response.status_code == 401
     assert response.json() == UNAUTHORIZED
+    assert response.headers["content-type"] == "application/json"
     assert response.headers["www-authenticate"] == "Api-Key"
 
 
@@ -85,13 +86,17 @@ def test_health_probes_need_no_key(server: RunningServer, path: str) -> None:
     assert _get(server, path).status_code != 401
 
 
-def test_websockets_without_the_key_are_refused_before_the_handshake(server: RunningServer) -> None:
-    for headers in ({}, {"Authorization": f"Api-Key {KEY.upper()}"}):
-        with pytest.raises(InvalidStatus) as info:
-            connect(server.ws_url + "/v1/policy/ws", additional_headers=headers, open_timeout=10)
-        assert info.value.response.status_code == 403
-    with connect(server.ws_url + "/v1/policy/ws", additional_headers={"Authorization": f"Api-Key {KEY}"}):
-        pass
+def test_websockets_without_the_key_are_refused_before_the_handshake() -> None:
+    """Its own server (not the module's): the key must reach the middleware when the app is built."""
+    settings = ServerSettings(api_key=KEY, max_batch_wait_ms=0.0)
+    with serving(create_app(settings, policy=PolicyService(ChunkPolicy(), settings))) as server:
+        for headers in ({}, {"Authorization": f"Api-Key {KEY.upper()}"}):
+            with pytest.raises(InvalidStatus) as info:
+                connect(server.ws_url + "/v1/policy/ws", additional_headers=headers, open_timeout=10)
+            assert info.value.response.status_code == 403
+        with connect(server.ws_url + "/v1/policy/ws", additional_headers={"Authorization": f"Api-Key {KEY}"}):
+            pass
+        assert _get(server, "/v1/models").status_code == 401
 
 
 def test_without_a_configured_key_everything_is_open() -> None:
