@@ -112,17 +112,24 @@ class PolicyRequestPath:
                 raise WireError(
                     BAD_SHAPE, f"state must have shape ({meta.state_dim},), got {obs.state.shape}"
                 )
-        if obs.inference_delay_steps < 0:
-            raise WireError(BAD_FIELD, f"inference_delay_steps must be >= 0, got {obs.inference_delay_steps}")
+            _check_finite("state", obs.state)
+        if not 0 <= obs.inference_delay_steps <= meta.chunk_size:
+            raise WireError(
+                BAD_FIELD,
+                f"inference_delay_steps must be in 0..{meta.chunk_size} (the chunk size), "
+                f"got {obs.inference_delay_steps}",
+            )
         for name in ("prefix_model", "prefix_robot"):
             prefix = getattr(obs, name)
             if prefix is None:
                 continue
             _check_float32(name, prefix)
-            if prefix.ndim != 2 or prefix.shape[1] != meta.action_dim:
+            if prefix.ndim != 2 or prefix.shape[1] != meta.action_dim or prefix.shape[0] > meta.chunk_size:
                 raise WireError(
-                    BAD_SHAPE, f"{name} must be 2-D (steps, {meta.action_dim}), got {prefix.shape}"
+                    BAD_SHAPE,
+                    f"{name} must be 2-D (steps <= {meta.chunk_size}, {meta.action_dim}), got {prefix.shape}",
                 )
+            _check_finite(name, prefix)
         missing = [cam for cam in meta.camera_names if cam not in obs.images]
         if missing:
             raise WireError(
@@ -239,7 +246,8 @@ class PolicyRequestPath:
         """A float32 ``(steps, action_dim)`` array from whatever the policy returned (numpy or torch)."""
         if hasattr(value, "detach"):
             value = value.detach().cpu().numpy()
-        chunk = np.asarray(value, dtype=np.float32)
+        with np.errstate(over="ignore"):  # a float64 beyond float32's range becomes inf: refused below
+            chunk = np.asarray(value, dtype=np.float32)
         if chunk.ndim == 3 and chunk.shape[0] == 1:
             chunk = chunk[0]
         if chunk.ndim != 2 or chunk.shape[1] != self.metadata.action_dim:
@@ -247,9 +255,17 @@ class PolicyRequestPath:
                 INFERENCE_ERROR,
                 f"{source} returned shape {chunk.shape}, expected (steps, {self.metadata.action_dim})",
             )
+        if not np.isfinite(chunk).all():
+            raise PolicyError(INFERENCE_ERROR, f"{source} returned non-finite actions (NaN or inf)")
         return np.ascontiguousarray(chunk)
 
 
 def _check_float32(name: str, array: np.ndarray) -> None:
     if array.dtype != np.float32:
         raise WireError(UNSUPPORTED_DTYPE, f"{name} must be float32, got {array.dtype}")
+
+
+def _check_finite(name: str, array: np.ndarray) -> None:
+    """NaN and inf inputs would come back as an all-NaN chunk that looks like a success."""
+    if not np.isfinite(array).all():
+        raise WireError(BAD_FIELD, f"{name} holds NaN or inf values")

@@ -11,9 +11,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
 
+from rollserve.server.log_guard import guard_log_volume
+from rollserve.server.settings import ServerSettings
 from rollserve.server.ws_protocol import SteadyReadWebSocketProtocol
 
 
@@ -40,19 +43,37 @@ class RunningServer:
 
 
 def uvicorn_config(app, host: str, port: int, log_level: str = "warning") -> uvicorn.Config:  # type: ignore[no-untyped-def]
-    """Uvicorn settings shared by every way of starting the server."""
+    """Uvicorn settings shared by every way of starting the server.
+
+    The connection limits come from the app's :class:`ServerSettings`: websocket messages above the
+    frame limit are cut off while they stream (close 1009, nothing buffered beyond the limit),
+    request headers must arrive within ``header_timeout_s``, idle keep-alive connections close after
+    ``keep_alive_timeout_s``, and above ``max_connections`` new requests get a 503.
+    """
+    settings = getattr(getattr(app, "state", None), "settings", None) or ServerSettings()
     return uvicorn.Config(
         app,
         host=host,
         port=port,
         log_level=log_level,
-        http="auto",  # httptools (a server dependency) when installed, else h11
+        http=_http_protocol(settings),
         ws=SteadyReadWebSocketProtocol,  # uvicorn's websockets-sansio, one pause per backlog, not per message
-        ws_max_size=2**31 - 1,  # frame limits are enforced by our own codec, with typed errors
+        ws_max_size=settings.limits.max_frame_bytes,
         ws_per_message_deflate=False,
+        timeout_keep_alive=max(1, round(settings.keep_alive_timeout_s)),
+        limit_concurrency=settings.max_connections,
         lifespan="on",
         access_log=False,
     )
+
+
+def _http_protocol(settings: ServerSettings) -> Any:
+    """httptools with the header deadline (a server dependency); plain h11 where it is missing."""
+    try:
+        from rollserve.server.http_guard import guarded_http_protocol
+    except ImportError:  # no httptools: uvicorn's h11 still caps incomplete headers at 16 KiB
+        return "h11"
+    return guarded_http_protocol(settings.header_timeout_s, settings.max_header_bytes)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -138,6 +159,7 @@ def run_foreground(  # type: ignore[no-untyped-def]
     keep_freed_memory()
     host, port = sock.getsockname()[:2]
     server = uvicorn.Server(uvicorn_config(app, host, port, log_level))
+    guard_log_volume()  # after uvicorn configured its handlers
     if on_started is not None:
 
         def announce() -> None:

@@ -7,12 +7,13 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
 from rollserve.wire.errors import BAD_FIELD, MALFORMED_FRAME, SCHEMA_VERSION, UNKNOWN_MESSAGE, WireError
-from rollserve.wire.images import check_image, encode_image
+from rollserve.wire.images import decode_images, encode_image
 from rollserve.wire.limits import DEFAULT_LIMITS, WireLimits
 from rollserve.wire.messages import (
     MESSAGE_TYPES,
@@ -85,9 +86,34 @@ def _header(field: str, value: Any, limits: WireLimits) -> MsgHeader:
 
 
 def _number(name: str, value: Any, limits: WireLimits) -> float:
-    if type(value) not in (int, float):
-        raise _bad(name, "a number", value)
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise _bad(name, "a finite number", value)
     return float(value)
+
+
+def _capped_str(limit_name: str) -> Any:
+    """A string of at most ``limits.<limit_name>`` characters: client-chosen text stays small."""
+
+    def validate(name: str, value: Any, limits: WireLimits) -> str:
+        cap = getattr(limits, limit_name)
+        if type(value) is not str:
+            raise _bad(name, "a string", value)
+        if len(value) > cap:
+            raise WireError(BAD_FIELD, f"field {name!r} is longer than {cap} characters")
+        return value
+
+    return validate
+
+
+def _names(name: str, value: Any, limits: WireLimits) -> list[str]:
+    if type(value) is not list or not all(type(x) is str for x in value):
+        raise _bad(name, "a list of strings", value)
+    if len(value) > limits.max_names or any(len(x) > limits.max_name_chars for x in value):
+        raise WireError(
+            BAD_FIELD,
+            f"field {name!r} takes at most {limits.max_names} names of {limits.max_name_chars} characters",
+        )
+    return value
 
 
 def _list_of(item_type: type, expected: str) -> Any:
@@ -102,11 +128,7 @@ def _list_of(item_type: type, expected: str) -> Any:
 def _images(name: str, value: Any, limits: WireLimits) -> dict[str, np.ndarray]:
     if not isinstance(value, dict) or len(value) > limits.max_images:
         raise _bad(name, f"a map of at most {limits.max_images} images", value)
-    for cam, image in value.items():
-        if not isinstance(cam, str):
-            raise _bad(name, "keyed by camera name", cam)
-        check_image(image, f"image {cam!r}")
-    return value
+    return decode_images(value, limits, name)
 
 
 class _Rule(NamedTuple):
@@ -120,6 +142,9 @@ class _Rule(NamedTuple):
 _RULES: dict[str, _Rule] = {
     "header": _Rule(convert=_header),
     "str": _Rule((str,), "a string"),
+    "name": _Rule(convert=_capped_str("max_name_chars")),
+    "task": _Rule(convert=_capped_str("max_task_chars")),
+    "name_list": _Rule(convert=_names),
     "int": _Rule((int,), "an int"),
     "opt_int": _Rule((int, type(None)), "an int or nil"),
     "float": _Rule(convert=_number),

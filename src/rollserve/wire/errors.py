@@ -13,6 +13,7 @@ IMAGE_TOO_LARGE = "image_too_large"
 UNKNOWN_MESSAGE = "unknown_message"
 BAD_FIELD = "bad_field"
 SCHEMA_VERSION = "unsupported_schema_version"
+TOO_MANY_OBJECTS = "too_many_objects"  # a document above its object or container budget
 
 
 class WireError(ValueError):

@@ -1,18 +1,20 @@
 """Camera images on the wire: uint8 HWC RGB, raw (byte-exact) or JPEG at a quality the client picks.
 
-JPEG uses libjpeg-turbo through simplejpeg (the ``jpeg`` extra); quality 0 means raw. Decoding
-reads the JPEG header and checks the size against the limits before decompressing.
+JPEG uses libjpeg-turbo through simplejpeg (the ``jpeg`` extra); quality 0 means raw. Image maps
+are decoded only where a message says images belong (``decode_images``), after the count check,
+each image's size and a total-pixel budget per message, all read from the JPEG headers before
+anything is decompressed. The msgpack decoder itself never decodes an image.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from rollserve.wire.errors import BAD_IMAGE, IMAGE_TOO_LARGE, WireError
 from rollserve.wire.limits import DEFAULT_LIMITS, WireLimits
-from rollserve.wire.tensors import decode_array
 
 IMAGE_KEY = b"__image__"
 
@@ -50,16 +52,55 @@ def encode_image(image: np.ndarray, quality: int = 0) -> dict[bytes, Any]:
 
 def decode_image(obj: dict[Any, Any], limits: WireLimits = DEFAULT_LIMITS) -> np.ndarray:
     """The uint8 HWC RGB image a wire map carries."""
+    return _decode_checked(obj, _image_size(obj, limits), limits)
+
+
+def decode_images(
+    value: Any, limits: WireLimits = DEFAULT_LIMITS, name: str = "images"
+) -> dict[str, np.ndarray]:
+    """``{camera: image}`` from a map of wire images (or already decoded arrays).
+
+    Count first, then every image's size and the message's total pixels from headers alone; only
+    then is anything decompressed, so a decompression bomb costs a header read.
+    """
+    if not isinstance(value, Mapping) or len(value) > limits.max_images:
+        raise WireError(BAD_IMAGE, f"{name} must be a map of at most {limits.max_images} images")
+    sizes: dict[str, tuple[int, int]] = {}
+    total = 0
+    for cam, image in value.items():
+        if not isinstance(cam, str):
+            raise WireError(BAD_IMAGE, f"{name} must be keyed by camera name, got {type(cam).__name__}")
+        if isinstance(image, np.ndarray):
+            check_image(image, f"image {cam!r}")
+            size = (image.shape[0], image.shape[1])
+            _check_size(*size, limits)
+        elif isinstance(image, dict) and image.get(IMAGE_KEY) is True:
+            size = _image_size(image, limits)
+        else:
+            raise WireError(BAD_IMAGE, f"image {cam!r} must be an image map or a uint8 HxWx3 tensor")
+        sizes[cam] = size
+        total += size[0] * size[1]
+    if total > limits.max_total_image_pixels:
+        raise WireError(
+            IMAGE_TOO_LARGE,
+            f"{total} pixels in {len(sizes)} images exceeds the limit of {limits.max_total_image_pixels}",
+        )
+    return {
+        cam: image if isinstance(image, np.ndarray) else _decode_checked(image, sizes[cam], limits)
+        for cam, image in value.items()
+    }
+
+
+def _image_size(obj: dict[Any, Any], limits: WireLimits) -> tuple[int, int]:
+    """(height, width) of a wire image, from its tensor shape or JPEG header; checked against the limits."""
     fmt = obj.get(b"format")
     if fmt == "raw":
-        pixels = obj.get(b"pixels")
-        image = decode_array(pixels, limits) if isinstance(pixels, dict) else pixels
+        image = obj.get(b"pixels")
         if not isinstance(image, np.ndarray):
             raise WireError(BAD_IMAGE, "raw image carries no pixel tensor")
         check_image(image)
-        _check_size(image.shape[0], image.shape[1], limits)
-        return image
-    if fmt == "jpeg":
+        height, width = image.shape[0], image.shape[1]
+    elif fmt == "jpeg":
         data = obj.get(b"data")
         if not isinstance(data, bytes):
             raise WireError(BAD_IMAGE, "jpeg image data must be binary")
@@ -69,9 +110,21 @@ def decode_image(obj: dict[Any, Any], limits: WireLimits = DEFAULT_LIMITS) -> np
             height, width, _, _ = simplejpeg.decode_jpeg_header(data)
         except Exception:
             raise WireError(BAD_IMAGE, "not a decodable JPEG") from None
-        _check_size(height, width, limits)
-        try:
-            return simplejpeg.decode_jpeg(data, colorspace="RGB")
-        except Exception:
-            raise WireError(BAD_IMAGE, "not a decodable JPEG") from None
-    raise WireError(BAD_IMAGE, f"unknown image format {fmt!r:.20}")
+    else:
+        raise WireError(BAD_IMAGE, f"unknown image format {fmt!r:.20}")
+    _check_size(height, width, limits)
+    return height, width
+
+
+def _decode_checked(obj: dict[Any, Any], size: tuple[int, int], limits: WireLimits) -> np.ndarray:
+    if obj.get(b"format") == "raw":
+        return obj[b"pixels"]
+    import simplejpeg
+
+    try:
+        image = simplejpeg.decode_jpeg(obj[b"data"], colorspace="RGB")
+    except Exception:
+        raise WireError(BAD_IMAGE, "not a decodable JPEG") from None
+    if image.shape[:2] != size:
+        raise WireError(BAD_IMAGE, "JPEG size differs from its header")
+    return image

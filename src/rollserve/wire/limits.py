@@ -7,7 +7,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class WireLimits:
-    """Upper bounds on one frame and on what it may ask the decoder to build."""
+    """Upper bounds on one frame and on what it may ask the decoder to build.
+
+    Per container limits alone let a frame of nested empty maps cost ~140x its size in Python
+    objects, so the decoder also keeps a budget per *document*: at most ``max_objects`` values,
+    and at most ``container_floor + frame_bytes // bytes_per_container`` maps and lists (a map or
+    list costs ~64 bytes of memory, so this keeps containers near 4x the frame's size).
+    """
 
     max_frame_bytes: int = 64 * 1024 * 1024
     max_tensor_elements: int = 16 * 1024 * 1024
@@ -15,8 +21,19 @@ class WireLimits:
     max_image_side: int = 4096
     max_image_pixels: int = 4096 * 4096
     max_images: int = 16
+    max_total_image_pixels: int = 2 * 4096 * 4096  # all images of one message together
     max_string_bytes: int = 1024 * 1024
     max_container_items: int = 100_000
+    max_objects: int = 1_000_000  # values per document (map entries count twice: key and value)
+    container_floor: int = 1024
+    bytes_per_container: int = 16
+    max_name_chars: int = 256  # client_uuid, robot_type, session ids, each action or camera name
+    max_names: int = 64  # action_names, camera_names
+    max_task_chars: int = 4096  # task prompts
+
+    def container_budget(self, frame_bytes: int) -> int:
+        """How many maps and lists a frame of ``frame_bytes`` may hold."""
+        return self.container_floor + frame_bytes // self.bytes_per_container
 
 
 DEFAULT_LIMITS = WireLimits()

@@ -31,8 +31,9 @@ class SessionOpen:
 
     TYPE: ClassVar[str] = "session_open"
     WIRE_FIELDS: ClassVar[dict[str, str]] = {
-        "client_uuid": "str", "robot_type": "str", "action_names": "str_list", "camera_names": "str_list",
-        "state_dim": "opt_int", "fps": "float", "rtc_enabled": "bool", "schema_version": "int", "task": "str",
+        "client_uuid": "name", "robot_type": "name", "action_names": "name_list",
+        "camera_names": "name_list", "state_dim": "opt_int", "fps": "float", "rtc_enabled": "bool",
+        "schema_version": "int", "task": "task",
     }  # fmt: skip
 
     client_uuid: str = ""
@@ -78,7 +79,7 @@ class ObservationMsg:
 
     TYPE: ClassVar[str] = "observation"
     WIRE_FIELDS: ClassVar[dict[str, str]] = {
-        "header": "header", "state": "opt_array", "images": "images", "task": "str",
+        "header": "header", "state": "opt_array", "images": "images", "task": "task",
         "inference_delay_steps": "int", "prefix_model": "opt_array", "prefix_robot": "opt_array",
         "jpeg_quality": "int",
     }  # fmt: skip

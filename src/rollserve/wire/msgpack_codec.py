@@ -9,7 +9,9 @@ Two framings, one decoder:
   payload byte once; decoding builds arrays as views of the received frame, with no copy at all.
 
 ``unpackb`` reads both. It never unpickles, refuses object/void/complex dtypes and msgpack
-extension types, and enforces :class:`WireLimits` before building anything.
+extension types (the Timestamp type -1 too), and enforces :class:`WireLimits` before building
+anything, including a budget of objects and containers for the whole document, counted while
+unpacking. Image maps are left as maps: they are decoded only where a message expects images.
 """
 
 from __future__ import annotations
@@ -20,8 +22,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from rollserve.wire.errors import BAD_SHAPE, FRAME_TOO_LARGE, MALFORMED_FRAME, WireError
-from rollserve.wire.images import IMAGE_KEY, decode_image
+from rollserve.wire.errors import BAD_SHAPE, FRAME_TOO_LARGE, MALFORMED_FRAME, TOO_MANY_OBJECTS, WireError
 from rollserve.wire.limits import DEFAULT_LIMITS, WireLimits
 from rollserve.wire.tensors import (
     NDARRAY_KEY,
@@ -75,33 +76,58 @@ def pack_frame(obj: Any) -> bytes:
     return b"".join([_PREFIX.pack(FRAME_MAGIC, len(header)), header, _ZEROS[:pad], *buffers])
 
 
-def _object_hook(limits: WireLimits, payload: memoryview | None = None):  # type: ignore[no-untyped-def]
-    """msgpack's ``object_hook``: tensor, scalar and image maps become arrays; other maps stay maps.
+# msgpack turns extension type -1 into a Timestamp itself (ext_hook never sees it): the hooks refuse it.
+_TIMESTAMP = msgpack.Timestamp
+_TIMESTAMP_REFUSED = "msgpack extension type -1 (timestamp) is not accepted"
 
-    Out-of-band tensor maps point into ``payload`` (framed frames only); inline ones carry ``data``.
+
+def _hooks(limits: WireLimits, size: int, payload: memoryview | None = None):  # type: ignore[no-untyped-def]
+    """msgpack's ``object_hook`` and ``list_hook``: they count every container against the
+    document's budget (called as each one completes, so unpacking stops at the first one over),
+    and turn tensor and scalar maps into arrays. Out-of-band tensor maps point into ``payload``.
     """
+    budget = [limits.max_objects, limits.container_budget(size)]  # values, containers left
 
-    def hook(obj: dict[Any, Any]) -> Any:
+    def spend(count: int) -> None:
+        budget[0] -= count
+        budget[1] -= 1
+        if budget[0] < 0 or budget[1] < 0:
+            raise WireError(
+                TOO_MANY_OBJECTS,
+                f"more than {limits.max_objects} values or {limits.container_budget(size)} maps and lists "
+                f"in a {size}-byte document",
+            )
+
+    def object_hook(obj: dict[Any, Any]) -> Any:
+        spend(2 * len(obj) + 1)
         if NDARRAY_KEY in obj:
             return decode_array(obj, limits, payload if OOB_KEY in obj else None)
         if NPGENERIC_KEY in obj:
             return decode_scalar(obj)
-        if IMAGE_KEY in obj:
-            return decode_image(obj, limits)
+        if _TIMESTAMP in map(type, obj.values()):  # keys are str or bytes (strict_map_key)
+            raise WireError(MALFORMED_FRAME, _TIMESTAMP_REFUSED)
         return obj
 
-    return hook
+    def list_hook(obj: list[Any]) -> Any:
+        spend(len(obj) + 1)
+        if _TIMESTAMP in map(type, obj):
+            raise WireError(MALFORMED_FRAME, _TIMESTAMP_REFUSED)
+        return obj
+
+    return object_hook, list_hook
 
 
 def _refuse_ext(code: int, data: bytes) -> Any:
     raise WireError(MALFORMED_FRAME, f"msgpack extension type {code} is not accepted")
 
 
-def _unpack(data: Any, hook: Any, limits: WireLimits) -> Any:
+def _unpack(data: Any, limits: WireLimits, size: int, payload: memoryview | None = None) -> Any:
+    object_hook, list_hook = _hooks(limits, size, payload)
     try:
-        return msgpack.unpackb(
+        value = msgpack.unpackb(
             data,
-            object_hook=hook,
+            object_hook=object_hook,
+            list_hook=list_hook,
             ext_hook=_refuse_ext,
             raw=False,
             max_bin_len=limits.max_frame_bytes,
@@ -113,6 +139,9 @@ def _unpack(data: Any, hook: Any, limits: WireLimits) -> Any:
         raise
     except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as exc:
         raise WireError(MALFORMED_FRAME, f"not a valid msgpack frame ({type(exc).__name__})") from None
+    if type(value) is _TIMESTAMP:
+        raise WireError(MALFORMED_FRAME, _TIMESTAMP_REFUSED)
+    return value
 
 
 def unpackb(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LIMITS) -> Any:
@@ -122,7 +151,7 @@ def unpackb(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_L
     if len(data) > limits.max_frame_bytes:
         raise WireError(FRAME_TOO_LARGE, f"{len(data)} bytes exceeds the limit of {limits.max_frame_bytes}")
     if bytes(data[:4]) != FRAME_MAGIC:
-        return _unpack(data, _object_hook(limits), limits)
+        return _unpack(data, limits, len(data))
     view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
     if len(view) < _PREFIX.size:
         raise WireError(MALFORMED_FRAME, "truncated frame prefix")
@@ -131,4 +160,4 @@ def unpackb(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_L
     if start > len(view):
         raise WireError(BAD_SHAPE if header_len else MALFORMED_FRAME, "frame header runs past the frame")
     payload = view[start + (-start % _ALIGN) :].toreadonly()  # arrays viewing it are read-only too
-    return _unpack(view[_PREFIX.size : start], _object_hook(limits, payload), limits)
+    return _unpack(view[_PREFIX.size : start], limits, len(view), payload)

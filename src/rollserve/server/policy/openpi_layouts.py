@@ -37,7 +37,8 @@ def _state(obs: Mapping[str, Any], keys: Sequence[str]) -> np.ndarray:
         value = np.asarray(obs[key])
         if value.dtype.kind not in "biuf":
             raise LayoutError(f"{key!r} must be numeric, got dtype {value.dtype}")
-        parts.append(value.astype(np.float32).ravel())
+        with np.errstate(over="ignore"):  # beyond float32's range becomes inf, refused as bad_field
+            parts.append(value.astype(np.float32).ravel())
     return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
 

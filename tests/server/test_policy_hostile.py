@@ -1,0 +1,113 @@
+"""Hostile policy clients over a real server (issue 8): non-finite numbers, huge delays and
+prefixes, NaN model output, oversized messages cut off while they stream."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from openpi_client import msgpack_numpy
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from rollserve.models.simple_policies import ChunkPolicy
+from rollserve.server.app import create_app
+from rollserve.server.policy.service import PolicyService
+from rollserve.server.running import RunningServer, serving
+from rollserve.server.settings import ServerSettings
+from rollserve.wire import (
+    ActionChunkMsg,
+    ErrorMsg,
+    MsgHeader,
+    ObservationMsg,
+    SessionOpen,
+    WireLimits,
+    decode_message,
+    encode_message,
+)
+
+PATH = "/v1/policy/ws"
+STATE = np.linspace(-1, 1, 6, dtype=np.float32)
+
+
+class NaNPolicy(ChunkPolicy):
+    """Returns NaN actions whenever asked with a delay of 7 steps (a model gone wrong)."""
+
+    def predict_action_chunks(self, requests: Any) -> list[np.ndarray]:
+        out = super().predict_action_chunks(requests)
+        return [
+            np.full_like(c, np.nan) if r.inference_delay == 7 else c
+            for c, r in zip(out, requests, strict=True)
+        ]
+
+
+@pytest.fixture(scope="module")
+def running() -> Iterator[RunningServer]:
+    settings = ServerSettings(max_batch_wait_ms=0.0, limits=WireLimits(max_frame_bytes=256 * 1024))
+    service = PolicyService(NaNPolicy(), settings)
+    with serving(create_app(settings, policy=service)) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def _session(server: RunningServer) -> Iterator[ClientConnection]:
+    with connect(server.ws_url + PATH, max_size=None, compression=None) as ws:
+        ws.send(encode_message(SessionOpen(state_dim=6)))  # a fresh client uuid: epoch 0
+        assert decode_message(ws.recv(timeout=10)).accepted
+        yield ws
+
+
+def _observe(ws: ClientConnection, seq_id: int, **fields: Any) -> Any:
+    fields.setdefault("state", STATE)
+    ws.send(encode_message(ObservationMsg(header=MsgHeader(seq_id=seq_id), **fields)))
+    return decode_message(ws.recv(timeout=10))
+
+
+@pytest.mark.parametrize(
+    ("fields", "code"),
+    [
+        ({"state": np.array([np.nan, 0, 0, 0, 0, 0], np.float32)}, "bad_field"),
+        ({"state": np.array([np.inf, 0, 0, 0, 0, 0], np.float32)}, "bad_field"),
+        ({"prefix_model": np.full((4, 6), np.inf, np.float32)}, "bad_field"),
+        ({"prefix_robot": np.full((4, 6), np.nan, np.float32)}, "bad_field"),
+        ({"inference_delay_steps": 2**62}, "bad_field"),
+        ({"inference_delay_steps": 21}, "bad_field"),
+        ({"prefix_model": np.zeros((10_000, 6), np.float32)}, "bad_shape"),
+        ({"inference_delay_steps": 7}, "inference_error"),
+    ],
+    ids=["nan-state", "inf-state", "inf-prefix", "nan-prefix-robot", "delay-2^62", "delay>chunk",
+         "huge-prefix", "nan-output"],
+)  # fmt: skip
+def test_session_protocol_refuses_non_finite_and_oversized_requests(
+    running: RunningServer, fields: dict[str, Any], code: str
+) -> None:
+    with _session(running) as ws:
+        reply = _observe(ws, 1, **fields)
+        assert isinstance(reply, ErrorMsg) and reply.code == code, reply
+        assert reply.seq_id == 1
+        ok = _observe(ws, 2, inference_delay_steps=20, prefix_model=np.zeros((20, 6), np.float32))
+        assert isinstance(ok, ActionChunkMsg) and np.isfinite(ok.chunk_robot).all()
+
+
+@pytest.mark.parametrize("state", [[np.nan] * 6, [np.inf] * 6, [1e308] * 6])
+def test_openpi_endpoint_refuses_non_finite_states(running: RunningServer, state: list[float]) -> None:
+    with connect(running.ws_url, max_size=None, compression=None) as ws:
+        msgpack_numpy.unpackb(ws.recv(timeout=10))
+        ws.send(msgpack_numpy.packb({"state": np.array(state, np.float64)}))
+        reply = ws.recv(timeout=10)
+        assert isinstance(reply, str) and reply.startswith("bad_field"), reply
+        ws.send(msgpack_numpy.packb({"state": STATE}))
+        assert np.isfinite(msgpack_numpy.unpackb(ws.recv(timeout=10))["actions"]).all()
+
+
+def test_a_message_above_the_frame_limit_is_cut_off_while_it_streams(running: RunningServer) -> None:
+    with _session(running) as ws:
+        with pytest.raises(ConnectionClosed) as info:
+            ws.send([b"\0" * (64 * 1024)] * 8)  # a fragmented 512 KiB message; the limit is 256 KiB
+            ws.recv(timeout=10)
+        assert info.value.rcvd is not None and info.value.rcvd.code == 1009
+    with _session(running) as ws:  # and the server keeps serving
+        assert isinstance(_observe(ws, 1), ActionChunkMsg)
