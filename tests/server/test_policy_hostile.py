@@ -111,3 +111,53 @@ def test_a_message_above_the_frame_limit_is_cut_off_while_it_streams(running: Ru
         assert info.value.rcvd is not None and info.value.rcvd.code == 1009
     with _session(running) as ws:  # and the server keeps serving
         assert isinstance(_observe(ws, 1), ActionChunkMsg)
+
+
+@contextlib.contextmanager
+def _small_server(**settings: Any) -> Iterator[tuple[PolicyService, RunningServer]]:
+    config = ServerSettings(max_batch_wait_ms=0.0, **settings)
+    service = PolicyService(ChunkPolicy(), config)
+    with serving(create_app(config, policy=service)) as server:
+        yield service, server
+
+
+def test_openpi_clients_that_never_ask_hold_no_session() -> None:
+    with _small_server(max_policy_sessions=2) as (service, server), contextlib.ExitStack() as stack:
+        quiet = [stack.enter_context(connect(server.ws_url, compression=None)) for _ in range(3)]
+        for ws in quiet:
+            msgpack_numpy.unpackb(ws.recv(timeout=10))  # metadata: connected, nothing asked
+        assert len(service.sessions) == 0
+        with _session(server) as ws:  # a robot still gets a session
+            assert isinstance(_observe(ws, 1), ActionChunkMsg)
+        quiet[0].send(msgpack_numpy.packb({"state": STATE}))  # asking opens one
+        assert msgpack_numpy.unpackb(quiet[0].recv(timeout=10))["actions"].shape == (20, 6)
+        assert len(service.sessions) == 1
+
+
+def test_idle_connections_are_closed_and_release_their_session() -> None:
+    with _small_server(policy_idle_timeout_s=0.5) as (service, server):
+        with _session(server) as ws:
+            assert isinstance(_observe(ws, 1), ActionChunkMsg)
+            assert len(service.sessions) == 1
+            with pytest.raises(ConnectionClosed) as info:
+                ws.recv(timeout=10)  # the client answers pings but sends nothing
+            assert info.value.rcvd is not None and info.value.rcvd.code == 1001
+        with connect(server.ws_url, max_size=None, compression=None) as ws:
+            msgpack_numpy.unpackb(ws.recv(timeout=10))
+            with pytest.raises(ConnectionClosed):
+                ws.recv(timeout=10)
+        assert len(service.sessions) == 0
+
+
+def test_one_address_may_hold_only_its_share_of_connections() -> None:
+    with _small_server(max_connections_per_client=2) as (_, server):
+        with _session(server) as first, _session(server):
+            for path in (PATH, ""):
+                with connect(server.ws_url + path, max_size=None, compression=None) as third:
+                    assert third.recv(timeout=10).startswith("unavailable")
+                    with pytest.raises(ConnectionClosed) as info:
+                        third.recv(timeout=10)
+                    assert info.value.rcvd is not None and info.value.rcvd.code == 1013
+            assert isinstance(_observe(first, 1), ActionChunkMsg)
+        with _session(server) as again:  # released when they closed
+            assert isinstance(_observe(again, 1), ActionChunkMsg)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 LAYOUT_NAMES = ("droid", "aloha", "libero")
+MAX_PROMPT_CHARS = 4096  # as the session protocol's task (WireLimits.max_task_chars)
 AUTO = "auto"
 
 # openpi key -> camera name, in the order used when the policy's cameras have other names.
@@ -60,6 +61,8 @@ def _task(obs: Mapping[str, Any]) -> str:
         task = task.decode("utf-8", "replace")
     if not isinstance(task, str):
         raise LayoutError(f"prompt must be a string, got {type(task).__name__}")
+    if len(task) > MAX_PROMPT_CHARS:
+        raise LayoutError(f"prompt is longer than {MAX_PROMPT_CHARS} characters")
     return task
 
 

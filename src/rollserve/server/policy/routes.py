@@ -5,6 +5,11 @@ in the service's engine thread, or inline when the engine is idle and the policy
 an observation that waits for the engine is awaited in its own task, so a connection keeps reading
 (a newer observation can supersede a waiting one) and every other connection keeps being served.
 Every rejection is a typed reply; tracebacks stay in the server log.
+
+Decoding stays on the event loop only while it is cheap: a frame whose msgpack part exceeds
+64 KiB, or that carries a JPEG to decompress, is decoded on a worker thread (about 0.1 ms for the
+hand-off, paid only by such frames). Each client address may hold ``max_connections_per_client``
+connections, and a connection that sends nothing for ``policy_idle_timeout_s`` is closed.
 """
 
 from __future__ import annotations
@@ -18,8 +23,15 @@ from typing import Any
 from fastapi import FastAPI, WebSocket
 
 from rollserve.engine.batcher import Superseded
-from rollserve.engine.policy_errors import INFERENCE_ERROR, UNEXPECTED_MESSAGE, UNKNOWN_SESSION, PolicyError
+from rollserve.engine.policy_errors import (
+    INFERENCE_ERROR,
+    UNAVAILABLE,
+    UNEXPECTED_MESSAGE,
+    UNKNOWN_SESSION,
+    PolicyError,
+)
 from rollserve.server.metrics import METRICS
+from rollserve.server.policy.connections import AddressLimiter, IdleWatch, client_address
 from rollserve.server.policy.openpi_layouts import LayoutError, describe_layout, to_observation
 from rollserve.server.policy.service import PolicyService
 from rollserve.server.policy.sessions import PolicySession
@@ -42,25 +54,58 @@ from rollserve.wire import (
     unpackb,
 )
 from rollserve.wire.errors import MALFORMED_FRAME
+from rollserve.wire.msgpack_codec import FRAME_MAGIC
 
 logger = logging.getLogger(__name__)
 
 SESSION_PATH = "/v1/policy/ws"
 OPENPI_PATH = "/"
-_OFFLOAD_BYTES = 1 << 20  # frames larger than this are decoded off the event loop
+_OFFLOAD_BYTES = 64 * 1024  # msgpack parts larger than this are decoded off the event loop
+_JPEG_TAG = b"\xa4jpeg"  # the msgpack string "jpeg": an image map's format
 _DISCONNECT = "websocket.disconnect"
 
 
 def add_policy_routes(app: FastAPI, service: PolicyService, settings: ServerSettings) -> None:
     """Mount both policy websockets on ``app``."""
 
+    limiter = AddressLimiter(settings.max_connections_per_client)
+
     @app.websocket(SESSION_PATH)
     async def policy_session_ws(websocket: WebSocket) -> None:
-        await _SessionSocket(websocket, service, settings.limits).run()
+        await _admitted(websocket, limiter, _SessionSocket(websocket, service, settings).run)
 
     @app.websocket(OPENPI_PATH)
     async def openpi_ws(websocket: WebSocket) -> None:
-        await _OpenpiSocket(websocket, service, settings.limits).run()
+        await _admitted(websocket, limiter, _OpenpiSocket(websocket, service, settings).run)
+
+
+async def _admitted(websocket: WebSocket, limiter: AddressLimiter, run: Any) -> None:
+    """Serve the connection unless its address already holds its share (then: 1013, try later)."""
+    address = client_address(websocket)
+    if not limiter.acquire(address):
+        METRICS.errors.labels(route="policy_ws", code=UNAVAILABLE).inc()
+        await websocket.accept()
+        message = f"{limiter.per_address} connections from one address is the limit"
+        await websocket.send_text(f"{UNAVAILABLE}: {message}")
+        await websocket.close(code=1013, reason="too many connections from this address")
+        return
+    try:
+        await run()
+    finally:
+        limiter.release(address)
+
+
+def _heavy(data: bytes) -> bool:
+    """Whether decoding may take long: a big msgpack part (out-of-band payloads are only viewed,
+    never parsed), or a JPEG to decompress. Cheap: two int reads and one bounded search."""
+    size = len(data)
+    if data[:4] == FRAME_MAGIC and size >= 8:
+        size = min(size, 8 + int.from_bytes(data[4:8], "little"))
+    return size > _OFFLOAD_BYTES or data.find(_JPEG_TAG, 0, size) >= 0
+
+
+async def _decode(decoder: Any, data: bytes, limits: WireLimits) -> Any:
+    return await asyncio.to_thread(decoder, data, limits) if _heavy(data) else decoder(data, limits)
 
 
 # Metric children looked up once, not per request (each ``labels()`` call hashes and locks).
@@ -81,20 +126,24 @@ class _SessionSocket:
 
     route = "policy_ws"
 
-    def __init__(self, websocket: WebSocket, service: PolicyService, limits: WireLimits) -> None:
+    def __init__(self, websocket: WebSocket, service: PolicyService, settings: ServerSettings) -> None:
         self.ws = websocket
         self.service = service
-        self.limits = limits
+        self.settings = settings
+        self.limits = settings.limits
         self.session: PolicySession | None = None
         self._send_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
         await self.ws.accept()
+        idle = IdleWatch(self.ws, self.settings.policy_idle_timeout_s, busy=lambda: bool(self._tasks))
         try:
             while (message := await self.ws.receive())["type"] != _DISCONNECT:
+                idle.touch()
                 await self._on_frame(message)
         finally:
+            idle.stop()
             for task in self._tasks:
                 task.cancel()
             self._drop_session()
@@ -107,10 +156,7 @@ class _SessionSocket:
             )
             return
         try:
-            if len(data) > _OFFLOAD_BYTES:
-                msg = await asyncio.to_thread(decode_message, data, self.limits)
-            else:
-                msg = decode_message(data, self.limits)
+            msg = await _decode(decode_message, data, self.limits)
         except WireError as exc:
             await self._error(exc.code, exc.message)
             return
@@ -198,28 +244,46 @@ class _OpenpiSocket:
 
     route = "openpi"
 
-    def __init__(self, websocket: WebSocket, service: PolicyService, limits: WireLimits) -> None:
+    def __init__(self, websocket: WebSocket, service: PolicyService, settings: ServerSettings) -> None:
         self.ws = websocket
         self.service = service
-        self.limits = limits
+        self.settings = settings
+        self.limits = settings.limits
+        self.session: PolicySession | None = None
+        self.open_refusal = ""
 
     async def run(self) -> None:
+        """Metadata on connect; the session is opened with the first request, so a client that
+        connects and never asks (or a half-open upgrade) holds no session."""
         await self.ws.accept()
+        if len(self.service.sessions) >= self.service.sessions.max_sessions:
+            limit = self.service.sessions.max_sessions
+            await self._refuse(f"server is at its limit of {limit} policy sessions")
+            return
+        idle = IdleWatch(self.ws, self.settings.policy_idle_timeout_s)
+        try:
+            await self.ws.send_bytes(packb(self.metadata()))
+            await self._serve(idle)
+        finally:
+            idle.stop()
+            if self.session is not None:
+                self.service.close_session(self.session)
+                METRICS.active_sessions.labels(kind="policy").set(len(self.service.sessions))
+
+    async def _refuse(self, reason: str) -> None:
+        await self.ws.send_text(f"{UNAVAILABLE}: {reason}")
+        await self.ws.close(code=1013)
+
+    def _open(self) -> PolicySession | None:
         request = SessionOpen(
             client_uuid=f"openpi-{uuid.uuid4().hex}", robot_type="openpi", rtc_enabled=False
         )
         ack, session = self.service.open_session(request)
-        if session is None:
-            await self.ws.send_text(f"unavailable: {ack.reason}")
-            await self.ws.close(code=1013)
-            return
-        METRICS.active_sessions.labels(kind="policy").set(len(self.service.sessions))
-        try:
-            await self.ws.send_bytes(packb(self.metadata()))
-            await self._serve(session)
-        finally:
-            self.service.close_session(session)
+        if session is not None:
             METRICS.active_sessions.labels(kind="policy").set(len(self.service.sessions))
+        else:
+            self.open_refusal = ack.reason
+        return session
 
     def metadata(self) -> dict[str, Any]:
         """What the served policy expects, sent once on connect (openpi clients read it as a dict)."""
@@ -229,14 +293,20 @@ class _OpenpiSocket:
         meta["openpi_input"] = describe_layout(self.service.openpi_layout)
         return meta
 
-    async def _serve(self, session: PolicySession) -> None:
+    async def _serve(self, idle: IdleWatch) -> None:
         seq_id, prev_total_ms = 0, 0.0
         while (message := await self.ws.receive())["type"] != _DISCONNECT:
+            idle.touch()
             started = time.perf_counter()
+            if self.session is None:
+                self.session = self._open()
+                if self.session is None:
+                    await self._refuse(self.open_refusal)
+                    return
             seq_id += 1
             _REQUESTS[self.route].inc()
             try:
-                reply = await self._infer(session, message.get("bytes"), seq_id)
+                reply = await self._infer(self.session, message.get("bytes"), seq_id)
             except (PolicyError, WireError) as exc:
                 await self._error(exc.code, exc.message)
                 continue
@@ -260,11 +330,7 @@ class _OpenpiSocket:
     async def _infer(self, session: PolicySession, data: bytes | None, seq_id: int) -> ActionChunkMsg:
         if data is None:
             raise WireError(MALFORMED_FRAME, "send binary msgpack frames")
-        raw = (
-            unpackb(data, self.limits)
-            if len(data) <= _OFFLOAD_BYTES
-            else await asyncio.to_thread(unpackb, data, self.limits)
-        )
+        raw = await _decode(unpackb, data, self.limits)
         observation, _ = to_observation(raw, self.service.openpi_layout, self.service.metadata.camera_names)
         header = MsgHeader(seq_id=seq_id, session_epoch=session.epoch)
         obs = ObservationMsg(
