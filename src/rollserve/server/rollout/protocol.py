@@ -9,36 +9,105 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, FiniteFloat
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    Strict,
+    ValidationInfo,
+    field_validator,
+)
+
+from rollserve.wire.errors import WireError
+from rollserve.wire.images import IMAGE_KEY, decode_images
+from rollserve.wire.limits import DEFAULT_LIMITS
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+# Caps checked before the items are validated (pydantic checks a list's length first).
+MAX_VECTOR = 1024  # values in state, joint_positions, gripper_position
+MAX_EXTRA_KEYS = 64
+MAX_EXTRA_ITEMS = 4096  # values nested inside one extra map (send big data as msgpack tensors)
+MAX_PROMPT_CHARS = 4096
 
 
 def _array_to_list(value: Any) -> Any:
     """msgpack bodies may carry numpy arrays where JSON bodies carry lists."""
+    if isinstance(value, np.ndarray) and value.size > MAX_VECTOR:
+        raise ValueError(f"at most {MAX_VECTOR} values")
     return value.tolist() if isinstance(value, np.ndarray | np.generic) else value
 
 
-FloatList = Annotated[list[FiniteFloat], BeforeValidator(_array_to_list)]
+def _float32(value: float) -> float:
+    """Finite *as float32*: 1e308 is finite in float64 but inf once the world casts it."""
+    if not -FLOAT32_MAX <= value <= FLOAT32_MAX:  # also False for NaN
+        raise ValueError("must be finite and within float32 range")
+    return value
+
+
+def _bounded_extra(extra: dict[str, Any]) -> dict[str, Any]:
+    """A small tree of plain values keyed by strings: no bytes keys, at most MAX_EXTRA_ITEMS values."""
+    stack, budget = list(extra.values()), MAX_EXTRA_ITEMS
+    while stack:
+        value = stack.pop()
+        budget -= 1
+        if budget < 0:
+            raise ValueError(f"extra holds more than {MAX_EXTRA_ITEMS} values; send large data as tensors")
+        if isinstance(value, dict):
+            if not all(isinstance(key, str) for key in value):
+                raise ValueError("extra maps must be keyed by strings")
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return extra
+
+
+def _is_image_map(value: Any) -> bool:
+    return isinstance(value, dict) and value.get(IMAGE_KEY) is True
+
+
+Float32 = Annotated[float, AfterValidator(_float32)]
+FloatList = Annotated[list[Float32], Field(max_length=MAX_VECTOR), BeforeValidator(_array_to_list)]
+Extra = Annotated[dict[str, Any], Field(max_length=MAX_EXTRA_KEYS), AfterValidator(_bounded_extra)]
 SessionId = Annotated[str, Field(pattern=SESSION_ID_PATTERN)]
-Seed = Annotated[int, Field(ge=0, lt=2**63)]
+Seed = Annotated[int, Strict(), Field(ge=0, lt=2**63)]
+StepId = Annotated[int, Strict(), Field(ge=0, lt=2**63, description="Monotonically increasing per session.")]
 
 
 class Observation(BaseModel):
     """What the robot saw. ``extra`` keys ``observation/*`` and ``seed`` pass through to the world."""
 
-    images: dict[str, Any] | None = None
+    images: Annotated[dict[str, Any], Field(max_length=16)] | None = None
     state: FloatList | None = None
-    prompt: str = ""
-    extra: dict[str, Any] = Field(default_factory=dict)
+    prompt: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] = ""
+    extra: Extra = Field(default_factory=dict)
+
+    @field_validator("images")
+    @classmethod
+    def _decode_images(cls, images: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+        """rollserve wire images (msgpack) are decoded here, where images belong, after the count and
+        a total-pixel budget; anything else (a client's own encoding) passes through to the world."""
+        if not images:
+            return images
+        wire = {k: v for k, v in images.items() if isinstance(v, np.ndarray) or _is_image_map(v)}
+        if not wire:
+            return images
+        limits = (info.context or {}).get("limits", DEFAULT_LIMITS)
+        try:
+            return {**images, **decode_images(wire, limits)}
+        except WireError as exc:
+            raise ValueError(exc.message) from None
 
 
 class Action(BaseModel):
     """The executed DROID action: 7 joint positions and one gripper position."""
 
     joint_positions: FloatList | None = None
-    gripper_position: Annotated[FiniteFloat | FloatList | None, BeforeValidator(_array_to_list)] = None
-    extra: dict[str, Any] = Field(default_factory=dict)
+    gripper_position: Annotated[Float32 | FloatList | None, BeforeValidator(_array_to_list)] = None
+    extra: Extra = Field(default_factory=dict)
 
 
 class SessionMetadata(BaseModel):
@@ -80,10 +149,11 @@ class CreateSessionResponse(BaseModel):
 
 
 class RolloutStepRequest(BaseModel):
-    step_id: int = Field(ge=0, description="Monotonically increasing per session.")
+    step_id: StepId
     observation: Observation
     action: Action
     use_session_context: bool = True
+    _fingerprint: str | None = PrivateAttr(default=None)  # set once, off the event loop for big bodies
 
 
 class RolloutStepResponse(BaseModel):

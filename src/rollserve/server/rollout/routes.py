@@ -4,10 +4,17 @@ Every error answers with a typed body; its status follows the request's mode (vL
 default, rollserve's semantic ones in strict mode, see ``status_codes``). A step's error body is
 still the full step response, so the client learns ``committed_step_id`` from it. Bodies are read
 with a size cap before anything is parsed, and nothing internal (tracebacks) is sent.
+
+Bodies above 64 KiB (or carrying a JPEG) are parsed, validated and fingerprinted on a worker
+thread, so a big body never stalls other clients; small ones stay on the event loop (no hand-off).
+A JSON body may hold at most ``max_json_values`` values (counted before parsing: ``json.loads``
+holds the GIL for its whole run), a msgpack body is budgeted while it unpacks.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -30,7 +37,7 @@ from rollserve.server.rollout.protocol import (
 from rollserve.server.rollout.status_codes import MODE_HEADER, error_body, resolve_mode, status_for
 from rollserve.server.rollout.store import RolloutError
 from rollserve.wire.codec import packb, unpackb
-from rollserve.wire.errors import FRAME_TOO_LARGE, WireError
+from rollserve.wire.errors import FRAME_TOO_LARGE, TOO_MANY_OBJECTS, WireError
 from rollserve.wire.limits import WireLimits
 
 if TYPE_CHECKING:
@@ -41,7 +48,10 @@ logger = logging.getLogger(__name__)
 
 MSGPACK = "application/msgpack"
 _MSGPACK_TYPES = (MSGPACK, "application/x-msgpack")
+_TOO_LARGE = frozenset({FRAME_TOO_LARGE, TOO_MANY_OBJECTS})
 _DRAIN_FACTOR = 4  # read (and drop) up to this many times the limit, so the client gets its 413
+_OFFLOAD_BYTES = 64 * 1024  # bodies above this are parsed and validated on a worker thread
+_JPEG_TAG = b"\xa4jpeg"  # the msgpack string "jpeg": an image map to decompress
 
 Body = TypeVar("Body", bound=BaseModel)
 
@@ -59,7 +69,27 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
     Plain Starlette routes: each parses its own body, so FastAPI's dependency layer would only add
     work (~30 µs per request).
     """
-    limits = settings.limits
+    limits = dataclasses.replace(
+        settings.limits, max_frame_bytes=min(settings.limits.max_frame_bytes, settings.max_body_bytes)
+    )
+    json_values = settings.max_json_values
+
+    def parse(data: bytes, media: str, body_model: type[Body], route: str) -> tuple[Any, Body]:
+        """Bytes to a validated request (raw map kept for error replies). Runs on a worker thread
+        for big bodies; raises ``_Refused`` carrying the raw map when it got that far."""
+        parsed = _decode(data, media, limits, json_values)
+        try:
+            if route == "batch_step":
+                items = parsed.get("items")
+                if isinstance(items, list) and len(items) > service.max_batch_items:
+                    message = f"batch_step takes at most {service.max_batch_items} items"
+                    raise RolloutError("invalid_request", message)
+            request = body_model.model_validate(parsed, context={"limits": limits})
+            for step in _steps(request):
+                service.fingerprint(step)
+        except (ValidationError, RolloutError) as exc:
+            raise _Refused(parsed, exc) from None
+        return parsed, request
 
     async def serve(
         request: Request,
@@ -75,8 +105,14 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
         mode = resolve_mode(request.headers.get(MODE_HEADER), settings.rollout_status_codes)
         parsed: Any = None
         try:
-            parsed = await _read(request, limits, optional=body_optional)
-            result = await call(body_model.model_validate(parsed), raw)
+            data, media = await _read(request, limits, optional=body_optional)
+            if len(data) > _OFFLOAD_BYTES or (media in _MSGPACK_TYPES and _JPEG_TAG in data):
+                parsed, body = await asyncio.to_thread(parse, data, media, body_model, route)
+            else:
+                parsed, body = parse(data, media, body_model, route)
+            result = await call(body, raw)
+        except _Refused as exc:
+            parsed, error = exc.parsed, _as_rollout_error(exc.error)
         except ValidationError as exc:
             error = RolloutError("invalid_request", _validation_message(exc))
         except RolloutError as exc:
@@ -165,8 +201,31 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
     )
 
 
-async def _read(request: Request, limits: WireLimits, *, optional: bool) -> Any:
-    """The decoded body (a map), checked against the frame limit before it is parsed."""
+class _Refused(Exception):
+    """A body that parsed but was refused; keeps the parsed map so a step error can echo its step_id."""
+
+    def __init__(self, parsed: Any, error: Exception) -> None:
+        super().__init__(str(error))
+        self.parsed, self.error = parsed, error
+
+
+def _as_rollout_error(exc: Exception) -> RolloutError:
+    if isinstance(exc, ValidationError):
+        return RolloutError("invalid_request", _validation_message(exc))
+    assert isinstance(exc, RolloutError)
+    return exc
+
+
+def _steps(request: BaseModel) -> list[RolloutStepRequest]:
+    if isinstance(request, RolloutStepRequest):
+        return [request]
+    if isinstance(request, BatchStepRequest):
+        return list(request.items)
+    return []
+
+
+async def _read(request: Request, limits: WireLimits, *, optional: bool) -> tuple[bytes, str]:
+    """The raw body and its media type, read with the size cap (nothing parsed yet)."""
     limit = limits.max_frame_bytes
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit * _DRAIN_FACTOR):
@@ -182,18 +241,29 @@ async def _read(request: Request, limits: WireLimits, *, optional: bool) -> Any:
     if size > limit:
         raise RolloutError("payload_too_large", f"the body of {size}+ bytes exceeds the limit of {limit}")
     data = b"".join(chunks)
+    media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     if not data.strip():
         if optional:
-            return {}
+            return b"", "empty"
         raise RolloutError("invalid_request", "the request needs a body")
-    media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    return data, media
+
+
+def _decode(data: bytes, media: str, limits: WireLimits, json_values: int) -> dict[str, Any]:
+    """The decoded body (a map). Pure CPU work, safe to run on a worker thread."""
+    if media == "empty":
+        return {}
     if media in _MSGPACK_TYPES:
         try:
             value = unpackb(data, limits)
         except WireError as exc:
-            code = "payload_too_large" if exc.code == FRAME_TOO_LARGE else "invalid_request"
+            code = "payload_too_large" if exc.code in _TOO_LARGE else "invalid_request"
             raise RolloutError(code, f"msgpack body rejected ({exc.code}): {exc.message}") from None
     elif media in ("application/json", "", "text/plain") or media.endswith("+json"):
+        values = data.count(b",") + data.count(b":") + data.count(b"[") + data.count(b"{") + 1
+        if values > json_values:
+            message = f"a JSON body may hold at most {json_values} values; send tensors as {MSGPACK}"
+            raise RolloutError("payload_too_large", message)
         try:
             value = json.loads(data)
         except (ValueError, RecursionError):

@@ -28,6 +28,8 @@ from rollserve.engine import BatchingWorker, Completed, EngineClosed
 from rollserve.models.world import WorldCall, WorldInit, WorldModel, WorldOutput, WorldStep, run_world_calls
 from rollserve.server.metrics import METRICS
 from rollserve.server.rollout.protocol import (
+    FLOAT32_MAX,
+    MAX_VECTOR,
     Action,
     BatchStepRequest,
     BatchStepResponse,
@@ -66,6 +68,7 @@ JOINT_KEY = "observation/joint_position"
 GRIPPER_KEY = "observation/gripper_position"
 START_STATE_KEY = "observation/state"
 PASS_THROUGH_KEYS = frozenset({"seed", "embodiment_name"})
+VECTOR_KEYS = frozenset({JOINT_KEY, GRIPPER_KEY, START_STATE_KEY})
 _MESSAGE_LIMIT = 300
 
 
@@ -77,9 +80,11 @@ def fold_action_into_observation(
     (unless ``state_fallback`` is off: a world-action model picks its own). Raises ``ValueError``
     on a wrong count."""
     folded: dict[str, Any] = {"prompt": observation.prompt, **(observation.images or {})}
-    folded.update(
-        {k: v for k, v in observation.extra.items() if k.startswith("observation/") or k in PASS_THROUGH_KEYS}
-    )
+    for key, value in observation.extra.items():
+        if key in VECTOR_KEYS:  # numbers the world reads: checked like the action
+            folded[key] = _finite_array(value, f"observation.extra[{key!r}]")
+        elif key.startswith("observation/") or key in PASS_THROUGH_KEYS:
+            folded[key] = value
     joints = action.joint_positions if action is not None else None
     gripper = action.gripper_position if action is not None else None
     state = (observation.state or []) if state_fallback else []
@@ -95,9 +100,21 @@ def fold_action_into_observation(
 
 
 def _exactly(values: Any, count: int, name: str) -> np.ndarray:
-    array = np.asarray(values, dtype=np.float64).reshape(-1)
+    array = _finite_array(values, name)
     if array.size != count:
         raise ValueError(f"DROID {name} must have {count} value{'s' if count > 1 else ''}, got {array.size}")
+    return array
+
+
+def _finite_array(values: Any, name: str) -> np.ndarray:
+    """Numbers that stay finite as float32 (what the worlds compute in), flattened to float64."""
+    if isinstance(values, np.ndarray) and values.size > MAX_VECTOR:
+        raise ValueError(f"{name} holds more than {MAX_VECTOR} values")
+    array = np.asarray(values, dtype=np.float64).reshape(-1)
+    if array.size > MAX_VECTOR:
+        raise ValueError(f"{name} holds more than {MAX_VECTOR} values")
+    if not (np.abs(array) <= FLOAT32_MAX).all():  # NaN compares False too
+        raise ValueError(f"{name} must be finite and within float32 range")
     return array
 
 
@@ -303,6 +320,7 @@ class RolloutService:
             if isinstance(planned, RolloutStepResponse):
                 return planned
             (outcome,) = await self._run([planned.call])
+            self._touch(session)  # idle time counts from the end of the last request
             return await self._finish(session, req, planned, outcome, raw_tensors)
 
     async def batch_step(self, req: BatchStepRequest, *, raw_tensors: bool = False) -> BatchStepResponse:
@@ -335,6 +353,8 @@ class RolloutService:
                 else:
                     planned[i] = plan
             outcomes = await self._run([p.call for p in planned.values()]) if planned else []
+            for session in sessions.values():
+                self._touch(session)
             for (i, plan), outcome in zip(planned.items(), outcomes, strict=True):
                 answers[i] = await self._finish(sessions[i], items[i], plan, outcome, raw_tensors)
         for i in repeated:  # answered last, so they report the session as this batch left it
@@ -348,6 +368,19 @@ class RolloutService:
             status = "ok" if answer.error is None else "error"
             results.append(BatchStepResult(session_id=item.session_id, status=status, **dict(answer)))
         return BatchStepResponse(results=results)
+
+    @staticmethod
+    def fingerprint(req: RolloutStepRequest) -> str:
+        """The request's content hash, computed once (routes do it off the loop for big bodies)."""
+        if req._fingerprint is None:
+            req._fingerprint = _fingerprint(req)
+        return req._fingerprint
+
+    def _touch(self, session: RolloutSession) -> None:
+        """Restart the session's idle clock after a request (stores without idle expiry skip it)."""
+        touch = getattr(self.store, "touch", None)
+        if touch is not None:
+            touch(session)
 
     async def refused_step(
         self, session_id: str, step_id: int, code: str, message: str
@@ -366,7 +399,10 @@ class RolloutService:
         if session.closed:
             exc = closed_error(session)
             return self._refused(req.step_id, exc.code, exc.message, committed, context)
-        fingerprint = _fingerprint(req)
+        try:
+            fingerprint = self.fingerprint(req)
+        except (ValueError, TypeError) as exc:
+            return self._refused(req.step_id, "invalid_request", _short(exc), committed, context)
         if req.use_session_context and req.step_id != committed + 1:
             if req.step_id > committed:
                 message = f"expected step_id {committed + 1}, got {req.step_id}"
@@ -583,7 +619,7 @@ def _start_from(inputs: dict[str, Any]) -> WorldInit | None:
         return None
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
         raise ValueError("observation.extra.seed must be an integer in [0, 2**63)")
-    start = None if state is None else np.asarray(state, dtype=np.float32).reshape(-1)
+    start = None if state is None else np.asarray(state, dtype=np.float32).reshape(-1)  # checked when folded
     return WorldInit(seed=seed, state=start)
 
 

@@ -202,6 +202,11 @@ class RolloutStore:
             return tomb
         raise closed_error(tomb)
 
+    def touch(self, session: RolloutSession) -> None:
+        """Mark the session used now (after a long step, so it does not expire right after it)."""
+        if not session.closed:
+            session.last_used = self._clock()
+
     def close(self, session_id: str) -> RolloutSession:
         """Release the session's state; closing twice is fine. Unknown ids raise."""
         session = self._open.get(session_id)
