@@ -29,9 +29,10 @@ CAMERAS = ("exterior_image_1_left", "wrist_image_left")
 
 
 @contextmanager
-def rollserve_serve(tmp_path: Path, *args: str) -> Iterator[tuple[int, str]]:
+def rollserve_serve(tmp_path: Path, *args: str, policy: str | None = SPEC) -> Iterator[tuple[int, str]]:
     """Start `rollserve serve` on a free port; yields (port, startup line); stops it afterwards."""
-    command = [sys.executable, "-m", "rollserve.cli", "serve", "--policy", SPEC, "--port", "0", *args]
+    chosen = ["--policy", policy] if policy else []
+    command = [sys.executable, "-m", "rollserve.cli", "serve", *chosen, "--port", "0", *args]
     log = (tmp_path / "serve.log").open("w")
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
     lines: queue.Queue[str] = queue.Queue()
@@ -157,3 +158,19 @@ def test_rollserve_serve_takes_the_key_from_the_environment(
         for presented, status in ((key[:-1], 401), (key.upper(), 401), (key, 200)):
             headers = {"Authorization": f"Api-Key {presented}"}
             assert httpx.get(f"{base}/v1/models", headers=headers, timeout=10).status_code == status
+
+
+def test_serve_without_flags_serves_the_built_in_policy_and_the_sim_world(tmp_path: Path) -> None:
+    flags = ("--max-rollout-sessions", "1", "--rollout-ttl-s", "300")  # the rollout limits are flags too
+    with rollserve_serve(tmp_path, *flags, policy=None) as (port, line):
+        assert "rollouts at" in line and "policy" in line
+        base = f"http://127.0.0.1:{port}"
+        kinds = {model["kind"] for model in httpx.get(f"{base}/v1/models").json()["data"]}
+        assert "policy" in kinds and len(kinds) == 2
+        first = httpx.post(f"{base}/v1/realtime/sessions", json={"model": "sim", "seed": 0}, timeout=60)
+        assert first.status_code == 200, first.text
+        second = httpx.post(f"{base}/v1/realtime/sessions", json={"model": "sim", "seed": 1}, timeout=60)
+        assert second.status_code == 503 and "1 rollout sessions" in second.text
+        with PolicyClient(f"ws://127.0.0.1:{port}/v1/policy/ws") as client:
+            ack = client.open_session(state_dim=13, task="put the cube on the target")
+            assert client.predict(np.zeros(13, np.float32)).chunk_robot.shape == (ack.chunk_size, 8)

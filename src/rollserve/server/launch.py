@@ -20,6 +20,9 @@ from rollserve.wire.limits import WireLimits
 
 logger = logging.getLogger("rollserve.serve")
 
+DEFAULT_POLICY = "rollserve.models.checkpoint:load_default"  # served when neither --policy nor --world
+DEFAULT_WORLD = "sim"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -70,6 +73,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="observation keys openpi clients send (default: detect per request)",
     )  # fmt: skip
     parser.add_argument("--max-frame-mb", type=float, default=64.0, help="largest accepted frame, in MiB")
+    limits = parser.add_argument_group(
+        "limits against hostile or sloppy clients (docs/protocol.md, docs/rollout.md)"
+    )
+    limits.add_argument(
+        "--idle-timeout-s", type=float, default=120.0,
+        help="close a policy websocket that sent nothing for this long (pings do not count)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--max-connections-per-client", type=int, default=32, help="policy websockets per client address"
+    )
+    limits.add_argument("--max-body-mb", type=float, default=16.0, help="largest REST body, in MiB")
+    limits.add_argument(
+        "--max-json-values", type=int, default=65_536, help="most values in one JSON body (msgpack: no limit)"
+    )
+    limits.add_argument(
+        "--max-rollout-sessions", type=int, default=256, help="most open rollout sessions (then 503)"
+    )
+    limits.add_argument(
+        "--rollout-ttl-s", type=float, default=600.0, help="a rollout session idle this long expires"
+    )
+    limits.add_argument(
+        "--header-timeout-s", type=float, default=10.0, help="request headers must arrive within this"
+    )
+    limits.add_argument(
+        "--keep-alive-s", type=float, default=5.0, help="close an idle keep-alive HTTP connection after this"
+    )
+    limits.add_argument(
+        "--max-connections", type=int, default=2048, help="open connections; above it new requests get 503"
+    )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     scale = parser.add_argument_group(
         'scale-out on Ray Serve (pip install "rollserve[ray]"; docs/scale-out.md)'
@@ -194,9 +226,8 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if not args.policy and not args.world:
-        print("rollserve serve: error: give --policy SPEC and/or --world sim|learned|SPEC", file=sys.stderr)
-        return 2
+    if not args.policy and not args.world:  # a newcomer's first command: serve both built-ins
+        args.policy, args.world = DEFAULT_POLICY, DEFAULT_WORLD
     settings = ServerSettings(
         host=args.host,
         port=args.port,
@@ -208,6 +239,15 @@ def main(args: argparse.Namespace) -> int:
         rollout_status_codes=args.status_codes,
         max_rollout_sessions=args.max_rollout_sessions,
         limits=WireLimits(max_frame_bytes=int(args.max_frame_mb * 1024 * 1024)),
+        policy_idle_timeout_s=args.idle_timeout_s,
+        max_connections_per_client=args.max_connections_per_client,
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        max_json_values=args.max_json_values,
+        max_rollout_sessions=args.max_rollout_sessions,
+        rollout_idle_ttl_s=args.rollout_ttl_s,
+        header_timeout_s=args.header_timeout_s,
+        keep_alive_timeout_s=args.keep_alive_s,
+        max_connections=args.max_connections,
     )
     if args.ray:
         from rollserve.scale.launch import serve_on_ray
