@@ -17,6 +17,7 @@ unpacking. Image maps are left as maps: they are decoded only where a message ex
 from __future__ import annotations
 
 import struct
+import time
 from typing import Any
 
 import msgpack
@@ -79,6 +80,7 @@ def pack_frame(obj: Any) -> bytes:
 # msgpack turns extension type -1 into a Timestamp itself (ext_hook never sees it): the hooks refuse it.
 _TIMESTAMP = msgpack.Timestamp
 _TIMESTAMP_REFUSED = "msgpack extension type -1 (timestamp) is not accepted"
+_YIELD_EVERY = 0x7FF  # containers between two GIL releases (about a millisecond of unpacking)
 
 
 def _hooks(limits: WireLimits, size: int, payload: memoryview | None = None):  # type: ignore[no-untyped-def]
@@ -91,6 +93,10 @@ def _hooks(limits: WireLimits, size: int, payload: memoryview | None = None):  #
     def spend(count: int) -> None:
         budget[0] -= count
         budget[1] -= 1
+        if not budget[1] & _YIELD_EVERY:
+            # A big document is decoded on a worker thread; let the event loop have the GIL now and
+            # then instead of waiting out the 5 ms switch interval at every step (GIL convoy).
+            time.sleep(0)
         if budget[0] < 0 or budget[1] < 0:
             raise WireError(
                 TOO_MANY_OBJECTS,

@@ -1,0 +1,532 @@
+"""Hostile-client soak: every wire surface under a stream of bad input while healthy clients work.
+
+Starts ``rollserve serve --policy P --world W --api-key K`` (127.0.0.1, a free port) as a user would,
+then drives, each from its own process so the attackers' CPU never sits in the healthy clients'
+interpreter:
+
+* the session websocket (``/v1/policy/ws``), the openpi websocket (``/``) and the REST rollouts,
+  each with ``--per-surface`` hostile inputs drawn in turn from every class issue 8 lists (garbage,
+  nested-map and value floods, msgpack timestamps and extension types, JPEG bombs inside and outside
+  ``images``, 17 images, huge and bool fields, NaN/inf/1e308 numbers, 10,000-item batches, bytes
+  keys, oversized messages cut off while streaming, long client strings, ...);
+* a few connection-level attackers for the whole run: half-sent HTTP headers (slowloris) and
+  websocket clients that connect and stay quiet.
+
+Meanwhile one healthy robot (session protocol, one request every ``--interval-ms``) and one healthy
+trainer (rollout steps at the same pace) measure their round trips, first with the server idle,
+then under attack. The one JSON line printed at the end: ``crashes`` (server exits, ``internal``
+errors, healthy requests that failed), ``traceback_leaks`` (replies quoting code), RSS over the
+idle baseline (peak and at the end) against ``rss_bound_mb``, and each healthy client's p99 under
+attack against idle. Bounded in count and time (``--max-seconds``); 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import multiprocessing as mp
+import queue
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgpack
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine_description, percentile
+
+from rollserve.client import PolicyClient
+from rollserve.client.rollout_client import RolloutClient
+from rollserve.wire import MsgHeader, ObservationMsg, SessionOpen, encode_message, packb
+from rollserve.wire.images import IMAGE_KEY
+
+API_KEY = "soak-key"
+AUTH = {"Authorization": f"Api-Key {API_KEY}"}
+READY = re.compile(r"rollserve serving on http://127\.0\.0\.1:(\d+)")
+LEAK_MARKERS = (b"Traceback", b'File "', b"site-packages")
+STATE_DIM = 6  # simple_policies:chunk_policy
+FRAME_MB = 8  # the server runs with --max-frame-mb and --max-body-mb at this
+
+
+# -- hostile inputs ----------------------------------------------------------------------------------
+def _jpeg(side: int) -> dict[bytes, Any]:
+    import simplejpeg
+
+    data = simplejpeg.encode_jpeg(np.zeros((side, side, 3), np.uint8), quality=10, colorspace="RGB")
+    return {IMAGE_KEY: True, b"format": "jpeg", b"data": data}
+
+
+def _empty_maps(count: int) -> bytes:
+    return b"\xdd" + count.to_bytes(4, "big") + b"\x80" * count
+
+
+def _obs(seq: int = 1, **fields: Any) -> bytes:
+    fields.setdefault("state", np.zeros(STATE_DIM, np.float32))
+    return encode_message(ObservationMsg(header=MsgHeader(seq_id=seq), **fields))
+
+
+def session_inputs() -> list[tuple[str, Any, int]]:
+    """(class, frame, weight) for the session protocol; heavy classes get a small weight."""
+    bomb = _jpeg(4096)
+    kind = {"type": "observation"}
+    zero = np.zeros(STATE_DIM, np.float32)
+    return [
+        ("garbage", b"\xc1\xc1 not msgpack", 20),
+        ("text frame", "hello", 10),
+        ("unknown type", packb({"type": "teleport"}), 10),
+        ("timestamp", msgpack.packb({**kind, "task": msgpack.Timestamp(1, 0)}), 10),
+        ("ext type", msgpack.packb({**kind, "task": msgpack.ExtType(5, b"x")}), 10),
+        ("bool delay", packb({**kind, "inference_delay_steps": True}), 10),
+        ("nan state", _obs(state=np.full(STATE_DIM, np.nan, np.float32)), 20),
+        ("inf prefix", _obs(prefix_model=np.full((4, STATE_DIM), np.inf, np.float32)), 10),
+        ("3e38 state", _obs(state=zero + np.float32(3e38)), 10),
+        ("delay 2^62", _obs(inference_delay_steps=2**62), 10),
+        ("1e5-row prefix", _obs(prefix_model=np.zeros((100_000, STATE_DIM), np.float32)), 2),
+        ("long uuid", packb({"type": "session_open", "client_uuid": "u" * 1_000_000}), 2),
+        ("long task", packb({**kind, "task": "t" * 100_000}), 5),
+        ("empty-map flood 1 MB", _empty_maps(1_000_000), 1),
+        ("value flood", packb({**kind, "task": [0] * 60_000}), 2),
+        ("17 images", packb({**kind, "images": {f"c{i}": _jpeg(256) for i in range(17)}}), 2),
+        ("jpeg bombs in images", packb({**kind, "images": {f"c{i}": bomb for i in range(3)}}), 1),
+        ("jpeg bombs elsewhere", packb({**kind, "task": {f"c{i}": bomb for i in range(8)}}), 1),
+        ("oversized message", b"\0" * (FRAME_MB * 1024 * 1024 + 1), 1),
+    ]
+
+
+def openpi_inputs() -> list[tuple[str, Any, int]]:
+    def frame(**obs: Any) -> bytes:
+        return packb(obs)
+
+    zero = np.zeros(STATE_DIM, np.float32)
+    return [
+        ("garbage", b"\xc1 garbage", 20),
+        ("text frame", "text", 10),
+        ("no layout", frame(nothing=1), 10),
+        ("nan state", frame(state=np.full(STATE_DIM, np.nan)), 20),
+        ("1e308 state", frame(state=np.full(STATE_DIM, 1e308)), 20),
+        ("inf state", frame(state=np.full(STATE_DIM, np.inf, np.float32)), 10),
+        ("wrong dim", frame(state=np.zeros(3, np.float32)), 10),
+        ("timestamp", msgpack.packb({"state": msgpack.Timestamp(1, 0)}), 10),
+        ("long prompt", frame(state=zero, prompt="p" * 100_000), 5),
+        ("bad image", frame(state=zero, images={"c": np.zeros((4, 4), np.uint8)}), 5),
+        ("empty-map flood 1 MB", _empty_maps(1_000_000), 1),
+        ("jpeg bombs", frame(state=zero, images={"c": _jpeg(4096)}), 1),
+        ("oversized message", b"\0" * (FRAME_MB * 1024 * 1024 + 1), 1),
+    ]
+
+
+def rest_inputs() -> list[tuple[str, Any, int]]:
+    """(class, (path, content, content type), weight); ``{sid}`` is the attacker's session."""
+
+    def step(step_id: Any = 0, joints: Any = None, **observation: Any) -> dict[str, Any]:
+        action = {} if joints is None else {"joint_positions": joints, "gripper_position": 0.5}
+        return {"step_id": step_id, "observation": observation, "action": action}
+
+    def as_json(body: Any) -> bytes:
+        return json.dumps(body).encode()
+
+    js, mp_ = "application/json", "application/msgpack"
+    path = "/v1/realtime/sessions/{sid}/step"
+    bomb = _jpeg(4096)
+    ok = [0.1] * 7
+    many = [{"session_id": "x", "step_id": 0, "observation": {}, "action": {}}] * 10_000
+    inf_joints = {
+        "observation/joint_position": np.full(7, np.inf),
+        "observation/gripper_position": np.zeros(1),
+    }
+    nan_json = b'{"step_id":0,"observation":{},"action":{"joint_positions":[NaN,0,0,0,0,0,0]}}'
+    stamp = msgpack.packb({**step(0, ok), "use_session_context": msgpack.Timestamp(1, 0)})
+    flood = as_json(step(0, extra={"embodiment_name": [0] * 200_000}))
+    bombs = packb(step(0, ok, images={f"c{i}": bomb for i in range(3)}))
+    bomb_extra = packb(step(0, ok, extra={"embodiment_name": {"a": bomb}}))
+    bytes_key = packb(step(0, ok, extra={"embodiment_name": {b"k": 1}}))
+    return [
+        ("malformed json", (path, b'{"step_id": ', js), 20),
+        ("bool step_id", (path, as_json(step(True, ok)), js), 10),
+        ("NaN joints", (path, nan_json, js), 10),
+        ("1e308 action", (path, as_json(step(0, [1e308] * 7)), js), 10),
+        ("inf extra joints", (path, packb(step(0, extra=inf_joints)), mp_), 10),
+        ("timestamp", (path, stamp, mp_), 10),
+        ("bytes key", (path, bytes_key, mp_), 10),
+        ("wrong media", (path, b"step_id=0", "application/x-www-form-urlencoded"), 5),
+        ("long state", (path, as_json(step(0, state=[0.0] * 5000)), js), 5),
+        ("unknown session", ("/v1/realtime/sessions/nope/step", as_json(step(0, ok)), js), 10),
+        ("10k-item batch", ("/v1/realtime/batch_step", packb({"items": many}), mp_), 1),
+        ("json value flood", (path, flood, js), 1),
+        ("empty-map flood", (path, _empty_maps(2_000_000), mp_), 1),
+        ("jpeg bombs in images", (path, bombs, mp_), 1),
+        ("jpeg bombs in extra", (path, bomb_extra, mp_), 1),
+        ("oversized body", (path, b"{" + b" " * (FRAME_MB * 1024 * 1024 + 10), js), 1),
+    ]
+
+
+def _schedule(inputs: list[tuple[str, Any, int]], count: int) -> Iterator[tuple[str, Any]]:
+    """``count`` inputs, every class in turn by weight (so short runs still see every class)."""
+    wheel = [(name, payload) for name, payload, weight in inputs for _ in range(weight)]
+    order = sorted(range(len(wheel)), key=lambda i: (i * 7919) % len(wheel))  # spread heavy ones
+    for n in range(count):
+        yield wheel[order[n % len(wheel)]]
+
+
+# -- attackers (separate processes) -----------------------------------------------------------------------
+def _leaks(reply: Any) -> bool:
+    data = reply.encode() if isinstance(reply, str) else bytes(reply or b"")
+    return any(marker in data for marker in LEAK_MARKERS)
+
+
+def _ws_attack(
+    surface: str, url: str, inputs: list[tuple[str, Any, int]], count: int, opening: Any, out: Any
+) -> None:
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    logging.getLogger("websockets").setLevel(logging.CRITICAL)  # closes are expected here
+
+    stats: dict[str, Any] = {
+        "surface": surface,
+        "sent": 0,
+        "leaks": 0,
+        "internal": 0,
+        "closed_1009": 0,
+        "reconnects": 0,
+        "classes": {},
+    }
+    ws = None
+    for name, frame in _schedule(inputs, count):
+        stats["classes"][name] = stats["classes"].get(name, 0) + 1
+        for _ in range(2):  # a refused connection (1009, the idle deadline) is reopened once
+            try:
+                if ws is None:
+                    ws = connect(
+                        url, additional_headers=AUTH, max_size=None, compression=None, open_timeout=30
+                    )
+                    first = opening(ws)
+                    if _leaks(first):
+                        stats["leaks"] += 1
+                ws.send(frame)
+                stats["sent"] += 1
+                reply = ws.recv(timeout=60)
+                stats["leaks"] += _leaks(reply)
+                stats["internal"] += b"internal server error" in (
+                    reply.encode() if isinstance(reply, str) else reply
+                )
+                break
+            except (ConnectionClosed, TimeoutError, OSError) as exc:
+                rcvd = getattr(exc, "rcvd", None)
+                if rcvd is not None and rcvd.code == 1009:
+                    stats["closed_1009"] += 1
+                    ws = None
+                    break  # the expected answer to an oversized message
+                stats["reconnects"] += 1
+                with contextlib.suppress(Exception):
+                    ws.close()  # type: ignore[union-attr]
+                ws = None
+    out.put(stats)
+
+
+def _open_session(ws: Any) -> Any:
+    ws.send(encode_message(SessionOpen(state_dim=STATE_DIM)))
+    return ws.recv(timeout=30)
+
+
+def _openpi_metadata(ws: Any) -> Any:
+    return ws.recv(timeout=30)
+
+
+def attack_session(base_ws: str, count: int, out: Any) -> None:
+    _ws_attack("session_ws", f"{base_ws}/v1/policy/ws", session_inputs(), count, _open_session, out)
+
+
+def attack_openpi(base_ws: str, count: int, out: Any) -> None:
+    _ws_attack("openpi_ws", f"{base_ws}/", openpi_inputs(), count, _openpi_metadata, out)
+
+
+def attack_rest(base_http: str, count: int, model: str, out: Any) -> None:
+    stats: dict[str, Any] = {
+        "surface": "rest",
+        "sent": 0,
+        "leaks": 0,
+        "internal": 0,
+        "statuses": {},
+        "classes": {},
+    }
+    with httpx.Client(base_url=base_http, headers=AUTH, timeout=60.0) as http:
+        sid = http.post("/v1/realtime/sessions", json={"model": model, "seed": 0}).json()["session_id"]
+        for name, (path, content, media) in _schedule(rest_inputs(), count):
+            stats["classes"][name] = stats["classes"].get(name, 0) + 1
+            try:
+                resp = http.post(path.format(sid=sid), content=content, headers={"content-type": media})
+            except httpx.HTTPError:
+                stats["internal"] += 1
+                continue
+            stats["sent"] += 1
+            key = str(resp.status_code)
+            stats["statuses"][key] = stats["statuses"].get(key, 0) + 1
+            stats["leaks"] += _leaks(resp.content)
+            stats["internal"] += resp.status_code >= 500 or b"internal_error" in resp.content
+    out.put(stats)
+
+
+# -- connection-level attackers (threads: they only hold sockets) ----------------------------------
+def hold_slowloris(port: int, count: int, stop: threading.Event) -> dict[str, int]:
+    """Half-sent headers; returns how many the server had closed by the end."""
+    socks = []
+    for _ in range(count):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        socks.append(sock)
+    stop.wait()
+    closed = 0
+    for sock in socks:
+        sock.settimeout(0.5)
+        with contextlib.suppress(TimeoutError, OSError):
+            closed += sock.recv(1) == b""
+        sock.close()
+    return {"slowloris": count, "slowloris_closed_by_server": closed}
+
+
+# -- healthy clients ------------------------------------------------------------------------------------
+class Healthy:
+    """One robot and one trainer, each on its own thread, timing every round trip."""
+
+    def __init__(self, port: int, model: str, interval_s: float) -> None:
+        self.port, self.model, self.interval_s = port, model, interval_s
+        self.robot_ms: list[float] = []
+        self.trainer_ms: list[float] = []
+        self.failures = 0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def run_for(self, seconds: float) -> tuple[list[float], list[float]]:
+        self.start()
+        time.sleep(seconds)
+        return self.stop()
+
+    def start(self) -> None:
+        self.robot_ms, self.trainer_ms = [], []
+        self._stop.clear()
+        self._threads = [threading.Thread(target=t, daemon=True) for t in (self._robot, self._trainer)]
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> tuple[list[float], list[float]]:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(120)
+        return list(self.robot_ms), list(self.trainer_ms)
+
+    def _robot(self) -> None:
+        state = np.linspace(-1, 1, STATE_DIM, dtype=np.float32)
+        with PolicyClient(f"ws://127.0.0.1:{self.port}/v1/policy/ws", api_key=API_KEY) as client:
+            client.open_session(state_dim=STATE_DIM)
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                try:
+                    client.predict(state)
+                    self.robot_ms.append((time.perf_counter() - started) * 1000.0)
+                except Exception:
+                    self.failures += 1
+                    client.open_session(state_dim=STATE_DIM)
+                self._stop.wait(self.interval_s)
+
+    def _trainer(self) -> None:
+        with RolloutClient(f"http://127.0.0.1:{self.port}", api_key=API_KEY) as client:
+            sid, _ = client.create_session(self.model, seed=1)
+            step = 0
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                try:
+                    result = client.step(sid, step, np.full(8, 0.05, np.float32))
+                    self.trainer_ms.append((time.perf_counter() - started) * 1000.0)
+                    step += 1
+                    if result.terminated or step >= 40:
+                        client.reset(sid, seed=step)
+                        step = 0
+                except Exception:
+                    self.failures += 1
+                self._stop.wait(self.interval_s)
+
+
+# -- the server ------------------------------------------------------------------------------------------
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+@contextlib.contextmanager
+def server(policy: str, world: str, log_path: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    command = [
+        sys.executable,
+        "-m",
+        "rollserve.cli",
+        "serve",
+        "--policy",
+        policy,
+        "--world",
+        world,
+        "--api-key",
+        API_KEY,
+        "--port",
+        "0",
+        "--max-frame-mb",
+        str(FRAME_MB),
+        "--max-body-mb",
+        str(FRAME_MB),
+        "--header-timeout-s",
+        "2",
+        "--idle-timeout-s",
+        "10",
+        "--max-connections-per-client",
+        "64",
+        "--log-level",
+        "warning",
+    ]
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+        try:
+            match = READY.search(lines.get(timeout=120))
+            assert match, "server did not announce itself"
+            yield proc, int(match.group(1))
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _p99(values: list[float]) -> float:
+    return round(percentile(values, 99), 2)
+
+
+def _ratio(attack: list[float], idle: list[float]) -> float:
+    return round(percentile(attack, 99) / percentile(idle, 99), 2) if attack and idle else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--per-surface", type=int, default=100_000, help="hostile inputs per surface")
+    parser.add_argument("--policy", default="rollserve.models.simple_policies:chunk_policy")
+    parser.add_argument("--world", default="sim", help="sim (default), toy (fast), learned")
+    parser.add_argument("--interval-ms", type=float, default=20.0, help="healthy clients' request period")
+    parser.add_argument("--idle-seconds", type=float, default=10.0, help="healthy baseline, server idle")
+    parser.add_argument("--max-seconds", type=float, default=3600.0, help="stop the attack after this")
+    parser.add_argument("--slowloris", type=int, default=200, help="connections holding half a header")
+    parser.add_argument("--rss-bound-mb", type=float, default=600.0, help="allowed peak RSS over idle")
+    args = parser.parse_args(argv)
+
+    started = time.monotonic()
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        server(args.policy, args.world, Path(tmp) / "serve.log") as (proc, port),
+    ):
+        healthy = Healthy(port, args.world, args.interval_ms / 1000.0)
+        healthy.run_for(2.0)  # warm-up
+        baseline = rss_mb(proc.pid)
+        idle_robot, idle_trainer = healthy.run_for(args.idle_seconds)
+
+        peak = [baseline]
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(0.05):
+                with contextlib.suppress(OSError):
+                    peak.append(rss_mb(proc.pid))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        slow_result: dict[str, int] = {}
+        slow_thread = threading.Thread(
+            target=lambda: slow_result.update(hold_slowloris(port, args.slowloris, stop)), daemon=True
+        )
+        slow_thread.start()
+        context = mp.get_context("spawn")
+        out: Any = context.Queue()
+        ws_base, http_base = f"ws://127.0.0.1:{port}", f"http://127.0.0.1:{port}"
+        workers = {
+            "session_ws": context.Process(target=attack_session, args=(ws_base, args.per_surface, out)),
+            "openpi_ws": context.Process(target=attack_openpi, args=(ws_base, args.per_surface, out)),
+            "rest": context.Process(target=attack_rest, args=(http_base, args.per_surface, args.world, out)),
+        }
+        attack_started = time.monotonic()
+        healthy.start()
+        for worker in workers.values():
+            worker.start()
+        deadline = attack_started + args.max_seconds
+        for worker in workers.values():
+            worker.join(max(1.0, deadline - time.monotonic()))
+        timed_out = [name for name, worker in workers.items() if worker.is_alive()]
+        for name in timed_out:
+            workers[name].terminate()
+            workers[name].join()
+        attack_robot, attack_trainer = healthy.stop()
+        attack_seconds = time.monotonic() - attack_started
+        stats: list[dict[str, Any]] = []
+        while True:
+            try:
+                stats.append(out.get(timeout=1.0))
+            except queue.Empty:
+                break
+        stop.set()
+        sampler.join()
+        slow_thread.join(10)
+        alive = proc.poll() is None
+        health = httpx.get(f"{http_base}/healthz", timeout=10).status_code if alive else None
+        time.sleep(1.0)
+        end_rss = rss_mb(proc.pid) if alive else float("nan")
+        log_lines = sum(1 for _ in (Path(tmp) / "serve.log").open())
+
+    sent = sum(s["sent"] for s in stats)
+    internal = sum(s["internal"] for s in stats)
+    crashes = (0 if alive and health == 200 else 1) + internal + healthy.failures + len(timed_out)
+    result = {
+        "benchmark": "hostile_soak",
+        "machine": machine_description(),
+        "world": args.world,
+        "per_surface": args.per_surface,
+        "hostile_inputs_sent": sent,
+        "crashes": crashes,
+        "server_alive": alive,
+        "internal_errors": internal,
+        "healthy_failures": healthy.failures,
+        "surfaces_timed_out": timed_out,
+        "traceback_leaks": sum(s["leaks"] for s in stats),
+        "rss_baseline_mb": round(baseline, 1),
+        "rss_peak_over_baseline_mb": round(max(peak) - baseline, 1),
+        "rss_end_over_baseline_mb": round(end_rss - baseline, 1),
+        "rss_bound_mb": args.rss_bound_mb,
+        "rss_ok": max(peak) - baseline <= args.rss_bound_mb,
+        "robot_p99_ms": {"idle": _p99(idle_robot), "attack": _p99(attack_robot)},
+        "trainer_p99_ms": {"idle": _p99(idle_trainer), "attack": _p99(attack_trainer)},
+        "robot_p99_ratio": _ratio(attack_robot, idle_robot),
+        "trainer_p99_ratio": _ratio(attack_trainer, idle_trainer),
+        "healthy_requests": {"robot": len(attack_robot), "trainer": len(attack_trainer)},
+        "server_log_lines": log_lines,
+        "attack_seconds": round(attack_seconds, 1),
+        "total_seconds": round(time.monotonic() - started, 1),
+        **slow_result,
+        "surfaces": stats,
+    }
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
