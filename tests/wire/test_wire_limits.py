@@ -74,6 +74,11 @@ def _obs(**fields: Any) -> bytes:
     return _raw({"type": "observation", **fields})
 
 
+def _in_images(image: dict[bytes, Any]) -> bytes:
+    """Images are decoded only in an observation's ``images`` (issue 8), so that is where they go."""
+    return _obs(images={"c": image})
+
+
 def _refused(frame: Any, code: str, message: str, decode: Any = unpackb, limits: WireLimits = LIMITS) -> None:
     with pytest.raises(WireError) as info:
         decode(frame, limits)
@@ -237,22 +242,39 @@ def test_at_most_max_images_keyed_by_camera_name() -> None:
 
 def test_images_must_be_uint8_hwc_rgb() -> None:
     gray = {b"__image__": True, b"format": "raw", b"pixels": _tensor(bytes(4), "|u1", (2, 2))}
-    _refused(_raw(gray), BAD_IMAGE, "image must be uint8 HxWx3 RGB, got uint8 (2, 2)")
-    floats = {b"__image__": True, b"format": "raw", b"pixels": _tensor(bytes(48), "<f4", (2, 2, 3))}
-    _refused(_raw(floats), BAD_IMAGE, "image must be uint8 HxWx3 RGB, got float32 (2, 2, 3)")
     _refused(
-        _raw({b"__image__": True, b"format": "raw", b"pixels": 5}),
+        _in_images(gray), BAD_IMAGE, "image must be uint8 HxWx3 RGB, got uint8 (2, 2)", decode_observation
+    )
+    floats = {b"__image__": True, b"format": "raw", b"pixels": _tensor(bytes(48), "<f4", (2, 2, 3))}
+    _refused(
+        _in_images(floats),
+        BAD_IMAGE,
+        "image must be uint8 HxWx3 RGB, got float32 (2, 2, 3)",
+        decode_observation,
+    )
+    _refused(
+        _in_images({b"__image__": True, b"format": "raw", b"pixels": 5}),
         BAD_IMAGE,
         "raw image carries no pixel tensor",
+        decode_observation,
     )
-    _refused(_raw({b"__image__": True, b"format": "png"}), BAD_IMAGE, "unknown image format 'png'")
     _refused(
-        _raw({b"__image__": True, b"format": "jpeg", b"data": "x"}),
+        _in_images({b"__image__": True, b"format": "png"}),
+        BAD_IMAGE,
+        "unknown image format 'png'",
+        decode_observation,
+    )
+    _refused(
+        _in_images({b"__image__": True, b"format": "jpeg", b"data": "x"}),
         BAD_IMAGE,
         "jpeg image data must be binary",
+        decode_observation,
     )
     _refused(
-        _raw({b"__image__": True, b"format": "jpeg", b"data": b"nope"}), BAD_IMAGE, "not a decodable JPEG"
+        _in_images({b"__image__": True, b"format": "jpeg", b"data": b"nope"}),
+        BAD_IMAGE,
+        "not a decodable JPEG",
+        decode_observation,
     )
     message = ObservationMsg(images={"cam": np.zeros((2, 2, 3), np.float32)})  # type: ignore[dict-item]
     with pytest.raises(WireError) as info:
@@ -265,11 +287,14 @@ def test_images_must_be_uint8_hwc_rgb() -> None:
 
 def test_jpeg_size_is_checked_from_its_header_before_decoding() -> None:
     big = simplejpeg.encode_jpeg(np.zeros((40, 8, 3), np.uint8), quality=90, colorspace="RGB")
-    _refused(_raw({b"__image__": True, b"format": "jpeg", b"data": big}), IMAGE_TOO_LARGE,
-             "40x8 image exceeds the configured limits")  # fmt: skip
+    _refused(_in_images({b"__image__": True, b"format": "jpeg", b"data": big}), IMAGE_TOO_LARGE,
+             "40x8 image exceeds the configured limits", decode_observation)  # fmt: skip
     truncated = big[: len(big) // 2]
     _refused(
-        _raw({b"__image__": True, b"format": "jpeg", b"data": truncated}), BAD_IMAGE, "not a decodable JPEG"
+        _in_images({b"__image__": True, b"format": "jpeg", b"data": truncated}),
+        BAD_IMAGE,
+        "not a decodable JPEG",
+        decode_observation,
     )
 
 

@@ -86,8 +86,10 @@ def _header(field: str, value: Any, limits: WireLimits) -> MsgHeader:
 
 
 def _number(name: str, value: Any, limits: WireLimits) -> float:
-    if type(value) not in (int, float) or not math.isfinite(value):
-        raise _bad(name, "a finite number", value)
+    if type(value) not in (int, float):
+        raise _bad(name, "a number", value)
+    if not math.isfinite(value):
+        raise WireError(BAD_FIELD, f"field {name!r} must be finite, got {value}")
     return float(value)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rollserve.wire.errors import BAD_IMAGE, IMAGE_TOO_LARGE, WireError
+from rollserve.wire.errors import BAD_FIELD, BAD_IMAGE, IMAGE_TOO_LARGE, WireError
 from rollserve.wire.limits import DEFAULT_LIMITS, WireLimits
 
 IMAGE_KEY = b"__image__"
@@ -69,7 +69,8 @@ def decode_images(
     total = 0
     for cam, image in value.items():
         if not isinstance(cam, str):
-            raise WireError(BAD_IMAGE, f"{name} must be keyed by camera name, got {type(cam).__name__}")
+            message = f"field {name!r} must be keyed by camera name, got {type(cam).__name__}"
+            raise WireError(BAD_FIELD, message)
         if isinstance(image, np.ndarray):
             check_image(image, f"image {cam!r}")
             size = (image.shape[0], image.shape[1])
@@ -77,7 +78,8 @@ def decode_images(
         elif isinstance(image, dict) and image.get(IMAGE_KEY) is True:
             size = _image_size(image, limits)
         else:
-            raise WireError(BAD_IMAGE, f"image {cam!r} must be an image map or a uint8 HxWx3 tensor")
+            check_image(image, f"image {cam!r}")  # not an image at all: raises BAD_IMAGE
+            raise AssertionError("unreachable")
         sizes[cam] = size
         total += size[0] * size[1]
     if total > limits.max_total_image_pixels:
