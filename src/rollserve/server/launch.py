@@ -88,9 +88,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-json-values", type=int, default=65_536, help="most values in one JSON body (msgpack: no limit)"
     )
     limits.add_argument(
-        "--max-rollout-sessions", type=int, default=256, help="most open rollout sessions (then 503)"
-    )
-    limits.add_argument(
         "--rollout-ttl-s", type=float, default=600.0, help="a rollout session idle this long expires"
     )
     limits.add_argument(
@@ -243,7 +240,6 @@ def main(args: argparse.Namespace) -> int:
         max_connections_per_client=args.max_connections_per_client,
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         max_json_values=args.max_json_values,
-        max_rollout_sessions=args.max_rollout_sessions,
         rollout_idle_ttl_s=args.rollout_ttl_s,
         header_timeout_s=args.header_timeout_s,
         keep_alive_timeout_s=args.keep_alive_s,
