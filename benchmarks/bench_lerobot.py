@@ -10,7 +10,8 @@ on 127.0.0.1; robots are rollserve ``PolicyClient``s over real websockets.
    baseline, same run, same observations).
 2. **Batching.** 1 robot, then 4 robots in closed loop (each sends its next RTC request as soon as
    its chunk arrives, delay 2 for all, so LeRobot's one-delay-per-call rule lets them share a call),
-   with batching off (``max_batch 1``) and on (``max_batch 4``). Rounds interleaved; medians.
+   with batching off (``max_batch 1``) and on (``max_batch 4``); each server is a ``rollserve serve``
+   subprocess with one math thread, the robots threads of this process. Rounds interleaved; medians.
    Also the model alone: 4 requests in one ``predict_action_chunks`` call vs one call each.
 
     python benchmarks/bench_lerobot.py [--quick]
@@ -25,6 +26,7 @@ import tempfile
 import threading
 import time
 import warnings
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit_json, percentile, print_table
+from loopback import running, start_rollserve
 
 from rollserve.adapters.lerobot import load_lerobot_policy, tiny
 from rollserve.client import PolicyClient
@@ -124,26 +127,30 @@ def _one_point(url: str, robots: int, requests: int) -> dict[str, float]:
     }
 
 
-def batching(policy: Any, rounds: int, requests: int) -> list[dict[str, Any]]:
+def batching(checkpoint: Path, rounds: int, requests: int) -> list[dict[str, Any]]:
+    """Each variant is its own ``rollserve serve --policy lerobot:DIR`` subprocess (one math thread);
+    the robots are threads of this process, so no robot shares the server's GIL."""
     variants = {"1 robot": (1, 4), "4 robots, batching off": (4, 1), "4 robots, batching on": (4, 4)}
-    services = {}
     points: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
-    with_servers = []
-    for name, (_, max_batch) in variants.items():
-        settings = ServerSettings(max_batch_size=max_batch, max_batch_wait_ms=5.0)
-        services[name] = PolicyService(policy, settings)
-        with_servers.append((name, serving(create_app(settings, policy=services[name]))))
-    running = {name: context.__enter__() for name, context in with_servers}
-    try:
+    with ExitStack() as stack:
+        servers = {
+            name: stack.enter_context(
+                running(
+                    start_rollserve(
+                        f"lerobot:{checkpoint}",
+                        {"seed": 0, "execution_horizon": HORIZON},
+                        max_batch=max_batch,
+                        max_wait_ms=5.0,
+                        start_timeout_s=600.0,
+                    )
+                )
+            )
+            for name, (_, max_batch) in variants.items()
+        }
         for _ in range(rounds):
             for name, (robots, _) in variants.items():
-                url = running[name].ws_url + "/v1/policy/ws"
+                url = f"ws://127.0.0.1:{servers[name].port}/v1/policy/ws"
                 points[name].append(_one_point(url, robots, requests))
-    finally:
-        for _, context in reversed(with_servers):
-            context.__exit__(None, None, None)
-        for service in services.values():
-            service.close()
     base = statistics.median(p["chunks_per_s"] for p in points["1 robot"])
     rows = []
     for name, values in points.items():
@@ -202,7 +209,7 @@ def main() -> None:
         policy = load_lerobot_policy(checkpoint, seed=0, execution_horizon=HORIZON)
         effect = guidance_effect(policy, [2, 4], episodes)
         call = model_call(policy, rounds * 3)
-        batched = batching(policy, rounds, requests)
+        batched = batching(checkpoint, rounds, requests)
     print_table(
         "SmolVLA (tiny, random init): frozen-prefix error |new[:d] - prefix[:d]|, model space",
         ["delay d", "episodes", "RTC guidance: median (max)", "no prefix: median (min)", "ratio"],

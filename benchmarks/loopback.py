@@ -92,6 +92,7 @@ def start_rollserve(
     max_batch: int = 8,
     max_wait_ms: float = 2.0,
     pythonpath: str | None = None,
+    start_timeout_s: float = _START_TIMEOUT_S,
 ) -> ServerProcess:
     """``rollserve serve --port 0`` in a subprocess; returns once it prints its address.
 
@@ -106,7 +107,7 @@ def start_rollserve(
     env = server_env() | ({"PYTHONPATH": pythonpath} if pythonpath else {})
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     assert process.stdout is not None
-    deadline = time.monotonic() + _START_TIMEOUT_S
+    deadline = time.monotonic() + start_timeout_s
     seen: list[str] = []
     while time.monotonic() < deadline:
         line = process.stdout.readline()
