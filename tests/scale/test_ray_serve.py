@@ -221,3 +221,13 @@ def test_the_documented_serve_config_validates_and_builds() -> None:
     deployment = application._bound_deployment
     assert deployment.num_replicas == 4
     assert deployment.ray_actor_options == {"num_cpus": 4.0, "num_gpus": 1.0}
+
+
+def test_an_unchanged_openpi_client_is_served_on_root_through_serve(deployment: str) -> None:
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    host, port = deployment.split(":")
+    client = WebsocketClientPolicy(host, int(port))
+    assert client.get_server_metadata()["server"] == "rollserve"
+    assert client.infer({"state": np.zeros(13, np.float32), "prompt": "x"})["actions"].shape == (16, 8)
+    client._ws.close()  # runs after the robot test: its open session would hide which replica to kill
