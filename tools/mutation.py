@@ -46,7 +46,8 @@ MODULES: dict[str, CoreModule] = {
     # The late-worker variants check timing robustness, not logic: run them once, prompt only.
     "engine": CoreModule(("src/rollserve/engine/batcher.py",), ("tests/engine",), ("-k", "not late-worker")),
     "request_path": CoreModule(
-        ("src/rollserve/engine/request_path.py",), ("tests/server/test_policy_service.py",)
+        ("src/rollserve/engine/request_path.py",),
+        ("tests/server/test_policy_service.py", "tests/server/test_request_path.py"),
     ),
     "rollout": CoreModule(
         ("src/rollserve/server/rollout/service.py", "src/rollserve/server/rollout/store.py"),
