@@ -25,7 +25,7 @@ from rollserve.wire.messages import (
 from rollserve.wire.messages import (
     SCHEMA_VERSION as CURRENT_SCHEMA,
 )
-from rollserve.wire.msgpack_codec import pack_frame, packb, unpackb
+from rollserve.wire.msgpack_codec import FrameArrays, pack_frame, packb, unpackb
 
 M = TypeVar("M")
 
@@ -46,25 +46,37 @@ __all__ = [
 
 # -- encoding ----------------------------------------------------------------------------------------
 _HEADER_FIELDS = tuple(f.name for f in dataclasses.fields(MsgHeader))
-_CONVERTED_KINDS = frozenset({"header", "images", "array", "opt_array"})  # everything else goes as is
-
-
-def _wire_value(kind: str, value: Any, quality: int) -> Any:
-    if kind == "header":
-        return vars(value)  # a plain dataclass: its __dict__ is exactly its fields
-    if kind == "images":
-        return {name: encode_image(image, quality) for name, image in value.items()}
-    return None if value is None else np.asarray(value)
+_ARRAY_KINDS = frozenset({"array", "opt_array"})
+# Per message class: (field, kind) with kind None for fields that go as they are.
+_ENCODE_PLANS: dict[type, tuple[tuple[str, str | None], ...]] = {
+    cls: tuple(
+        (name, kind if kind in _ARRAY_KINDS or kind in ("header", "images") else None)
+        for name, kind in cls.WIRE_FIELDS.items()  # type: ignore[attr-defined]
+    )
+    for cls in MESSAGE_TYPES.values()
+}
 
 
 def encode_message(msg: Message) -> bytes:
-    """One frame for any session-protocol message (out-of-band arrays: decoded without copying)."""
-    quality = getattr(msg, "jpeg_quality", 0)
+    """One frame for any session-protocol message (out-of-band arrays: decoded without copying).
+
+    Arrays become their wire maps here, in field order, so the packer needs no Python callback for
+    them; the bytes are those of packing the message tree with arrays in place (pinned by a test).
+    """
+    arrays = FrameArrays()
     body: dict[str, Any] = {"type": msg.TYPE}
-    for name, kind in msg.WIRE_FIELDS.items():
+    for name, kind in _ENCODE_PLANS[type(msg)]:
         value = getattr(msg, name)
-        body[name] = _wire_value(kind, value, quality) if kind in _CONVERTED_KINDS else value
-    return pack_frame(body)
+        if kind is None:
+            body[name] = value
+        elif kind == "header":
+            body[name] = vars(value)  # a plain dataclass: its __dict__ is exactly its fields
+        elif kind == "images":
+            quality = msg.jpeg_quality  # type: ignore[union-attr]
+            body[name] = {cam: encode_image(image, quality, arrays.add) for cam, image in value.items()}
+        else:
+            body[name] = None if value is None else arrays.add(np.asarray(value))
+    return pack_frame(body, arrays)
 
 
 # -- decoding ----------------------------------------------------------------------------------------

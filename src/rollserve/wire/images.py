@@ -8,7 +8,7 @@ anything is decompressed. The msgpack decoder itself never decodes an image.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -36,14 +36,20 @@ def _check_size(height: int, width: int, limits: WireLimits) -> None:
         raise WireError(IMAGE_TOO_LARGE, f"{height}x{width} image exceeds the configured limits")
 
 
-def encode_image(image: np.ndarray, quality: int = 0) -> dict[bytes, Any]:
-    """Wire map for one image; quality 1..100 selects JPEG, 0 sends the raw pixels."""
+def encode_image(
+    image: np.ndarray, quality: int = 0, pixels: Callable[[np.ndarray], Any] | None = None
+) -> dict[bytes, Any]:
+    """Wire map for one image; quality 1..100 selects JPEG, 0 sends the raw pixels.
+
+    ``pixels`` turns the raw pixel array into its wire map (out-of-band framing); without it the
+    packer encodes the array itself.
+    """
     check_image(image)
     if not 0 <= quality <= 100:
         raise ValueError(f"jpeg quality must be in 0..100, got {quality}")
     if quality == 0:
         # the packer encodes the pixel array: inline (packb) or out of band (pack_frame)
-        return {IMAGE_KEY: True, b"format": "raw", b"pixels": image}
+        return {IMAGE_KEY: True, b"format": "raw", b"pixels": image if pixels is None else pixels(image)}
     import simplejpeg
 
     data = simplejpeg.encode_jpeg(np.ascontiguousarray(image), quality=quality, colorspace="RGB")

@@ -17,6 +17,7 @@ unpacking. Image maps are left as maps: they are decoded only where a message ex
 from __future__ import annotations
 
 import struct
+import threading
 import time
 from typing import Any
 
@@ -50,31 +51,64 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot encode {type(obj).__name__} on the wire")
 
 
+# msgpack.packb builds a new Packer (and its 1 MiB buffer) per call, a few microseconds each; one
+# reusable Packer per thread (the default hooks run Python code, so threads must not share one).
+_packers = threading.local()
+
+
+class FrameArrays:
+    """The out-of-band arrays of one frame being built: each ``add`` returns the array's wire map
+    (an ``[offset, nbytes]`` pointer) and queues its bytes, padded to the alignment."""
+
+    __slots__ = ("buffers", "offset")
+
+    def __init__(self) -> None:
+        self.buffers: list[Any] = []  # arrays and zero padding, joined once at the end
+        self.offset = 0
+
+    def add(self, array: np.ndarray) -> dict[bytes, Any]:
+        header, array = encode_array_header(array, self.offset)
+        self.buffers.append(array)
+        pad = -array.nbytes % _ALIGN
+        if pad:
+            self.buffers.append(_ZEROS[:pad])
+        self.offset += array.nbytes + pad
+        return header
+
+
+def _frame_default(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return _packers.frame_arrays.add(value)
+    return _default(value)
+
+
+def _packer(name: str, default: Any) -> msgpack.Packer:
+    packer = getattr(_packers, name, None)
+    if packer is None:
+        packer = msgpack.Packer(default=default, use_bin_type=True)
+        setattr(_packers, name, packer)
+    return packer
+
+
 def packb(obj: Any) -> bytes:
     """Plain msgpack (openpi-client compatible): dicts, lists, str, numbers, bytes, numpy arrays/scalars."""
-    return msgpack.packb(obj, default=_default, use_bin_type=True)
+    return _packer("inline", _default).pack(obj)
 
 
-def pack_frame(obj: Any) -> bytes:
-    """Out-of-band framing: a msgpack header describing the tree, then the raw array bytes."""
-    buffers: list[Any] = []  # arrays and zero padding, joined once at the end
-    offset = 0
+def pack_frame(obj: Any, arrays: FrameArrays | None = None) -> bytes:
+    """Out-of-band framing: a msgpack header describing the tree, then the raw array bytes.
 
-    def default(value: Any) -> Any:
-        nonlocal offset
-        if isinstance(value, np.ndarray):
-            header, array = encode_array_header(value, offset)
-            buffers.append(array)
-            pad = -array.nbytes % _ALIGN
-            if pad:
-                buffers.append(_ZEROS[:pad])
-            offset += array.nbytes + pad
-            return header
-        return _default(value)
-
-    header = msgpack.packb(obj, default=default, use_bin_type=True)
+    ``arrays`` holds arrays the caller already turned into wire maps inside ``obj`` (the typed
+    messages' fast path); arrays still in ``obj`` are added as the packer meets them.
+    """
+    arrays = FrameArrays() if arrays is None else arrays
+    _packers.frame_arrays = arrays
+    try:
+        header = _packer("frame", _frame_default).pack(obj)
+    finally:
+        _packers.frame_arrays = None
     pad = -(_PREFIX.size + len(header)) % _ALIGN
-    return b"".join([_PREFIX.pack(FRAME_MAGIC, len(header)), header, _ZEROS[:pad], *buffers])
+    return b"".join([_PREFIX.pack(FRAME_MAGIC, len(header)), header, _ZEROS[:pad], *arrays.buffers])
 
 
 # msgpack turns extension type -1 into a Timestamp itself (ext_hook never sees it): the hooks refuse it.
