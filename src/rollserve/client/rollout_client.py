@@ -20,6 +20,7 @@ import httpx
 import numpy as np
 
 from rollserve.wire.codec import packb, unpackb
+from rollserve.wire.images import decode_any_image
 
 MSGPACK = "application/msgpack"
 RETRY_STATUSES = frozenset({502, 504})
@@ -51,6 +52,8 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
     replayed: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
+    state: np.ndarray | None = None  # a rendering session's state vector (next to its frames)
+    images: dict[str, np.ndarray] | None = None  # a rendering session's camera images, uint8 HWC RGB
     actions: np.ndarray | None = None  # [1, 8]: the action a world-action model chose (step without action)
 
 
@@ -71,6 +74,27 @@ def decode_tensor_field(payload: dict[str, Any]) -> np.ndarray:
     if isinstance(latent, np.ndarray):
         return np.array(latent, dtype=np.float32)
     return np.frombuffer(base64.b64decode(latent), dtype="<f4").reshape(payload["shape"]).copy()
+
+
+@dataclass(frozen=True)
+class Observed:
+    """An observation: the tensor (``video_latent``) and, for a rendering session, the state vector
+    and the camera images (uint8 HWC RGB) next to it."""
+
+    tensor: np.ndarray
+    state: np.ndarray | None = None
+    images: dict[str, np.ndarray] | None = None
+
+
+def decode_observation(payload: dict[str, Any]) -> Observed:
+    """``next_observation`` (or ``observation``) with its frames, from either body encoding."""
+    state = payload.get("state")
+    images = payload.get("images")
+    return Observed(
+        tensor=decode_tensor_field(payload),
+        state=None if state is None else np.asarray(state, dtype=np.float32),
+        images=None if images is None else {str(k): decode_any_image(v) for k, v in images.items()},
+    )
 
 
 def action_body(action: Any) -> dict[str, Any]:
@@ -125,18 +149,42 @@ class RolloutClient:
 
     # -- sessions --------------------------------------------------------------------------------------
     def create_session(
-        self, model: str, *, seed: int | None = None, session_id: str | None = None
+        self,
+        model: str,
+        *,
+        seed: int | None = None,
+        session_id: str | None = None,
+        render: dict[str, Any] | None = None,
     ) -> tuple[str, np.ndarray]:
         """A new session and its initial observation (the id is chosen here, so retrying is safe)."""
-        body = {"model": model, "seed": seed, "session_id": session_id or uuid.uuid4().hex}
+        sid, observed = self.open_session(model, seed=seed, session_id=session_id, render=render)
+        return sid, observed.tensor
+
+    def open_session(
+        self,
+        model: str,
+        *,
+        seed: int | None = None,
+        session_id: str | None = None,
+        render: dict[str, Any] | None = None,
+    ) -> tuple[str, Observed]:
+        """``create_session`` with the whole initial observation. ``render`` asks for camera frames
+        with every observation: ``{"cameras": [...], "height": 64, "width": 64, "jpeg_quality": 0}``."""
+        body: dict[str, Any] = {"model": model, "seed": seed, "session_id": session_id or uuid.uuid4().hex}
+        if render is not None:
+            body["render"] = render
         reply = self._call("POST", "/v1/realtime/sessions", body)
-        return reply["session_id"], decode_tensor_field(reply["observation"])
+        return reply["session_id"], decode_observation(reply["observation"])
 
     def reset(self, session_id: str, *, seed: int | None = None) -> np.ndarray:
         """A new episode; the seed is drawn here when not given, so a retried reset lands the same."""
+        return self.restart(session_id, seed=seed).tensor
+
+    def restart(self, session_id: str, *, seed: int | None = None) -> Observed:
+        """``reset`` with the whole initial observation (frames too, for a rendering session)."""
         seed = seed if seed is not None else int(np.random.default_rng().integers(2**31))
         reply = self._call("POST", f"/v1/realtime/sessions/{session_id}/reset", {"seed": seed})
-        return decode_tensor_field(reply["observation"])
+        return decode_observation(reply["observation"])
 
     def fork(self, session_id: str, *, new_session_id: str | None = None) -> str:
         body = {"session_id": new_session_id or uuid.uuid4().hex}
@@ -292,9 +340,12 @@ def _step_result(status: int | None, payload: dict[str, Any]) -> StepResult:
         raise _error(status, payload)
     nxt = payload["next_observation"]
     meta = payload["model_metadata"]
+    observed = decode_observation(nxt)
     return StepResult(
         step_id=payload["step_id"],
-        observation=decode_tensor_field(nxt),
+        observation=observed.tensor,
+        state=observed.state,
+        images=observed.images,
         reward=float(nxt.get("reward", 0.0)),
         terminated=bool(nxt.get("terminated", False)),
         committed_step_id=meta["committed_step_id"],

@@ -35,10 +35,23 @@ class WorldSpec:
     acts: bool = False  # a world-action model: a step without an action gets the world's own
     description: str = ""
     aliases: tuple[str, ...] = ()
+    state_names: tuple[str, ...] = ()
+    """Names of the state vector sent next to a tensor observation (``next_observation.state``)."""
+    cameras: tuple[str, ...] = ()
+    """Cameras whose frames a session may ask for."""
+    observation_shape: tuple[int, ...] | None = None
+    """Shape of ``video_latent`` when it is not the flat ``observation_names`` vector."""
+    frame_size: tuple[int, int] | None = None
+    """The one (height, width) the world's frames have, or None when a session may choose it."""
 
     @property
     def observation_dim(self) -> int:
         return len(self.observation_names)
+
+    @property
+    def state_layout(self) -> tuple[str, ...]:
+        """Names of the state vector a rendering session gets next to its frames."""
+        return self.state_names or self.observation_names
 
     @property
     def action_dim(self) -> int:
@@ -67,7 +80,24 @@ class WorldSpec:
         if self.observation_low is not None and self.observation_high is not None:
             observation["low"] = list(self.observation_low)
             observation["high"] = list(self.observation_high)
+        if self.observation_shape is not None:
+            observation["shape"] = list(self.observation_shape)
+            observation.pop("names")
+        entry_extra: dict[str, Any] = {}
+        if self.cameras:
+            entry_extra["cameras"] = list(self.cameras)
+            entry_extra["frame_size"] = list(self.frame_size) if self.frame_size else None
+            entry_extra["state"] = {
+                "names": list(self.state_layout),
+                "shape": [len(self.state_layout)],
+                "dtype": "float32",
+                "field": "next_observation.state",
+            }
+            if self.observation_low is not None and self.observation_shape is None:
+                entry_extra["state"]["low"] = list(self.observation_low)
+                entry_extra["state"]["high"] = list(self.observation_high or ())
         return {
+            **entry_extra,
             "id": self.name,
             "object": "model",
             "owned_by": "rollserve",
@@ -82,11 +112,25 @@ class WorldSpec:
 
 
 @dataclass(frozen=True)
+class RenderSpec:
+    """Which camera frames a session gets with each observation, and at what size."""
+
+    cameras: tuple[str, ...]
+    height: int
+    width: int
+
+
+@dataclass(frozen=True)
 class WorldInit:
-    """Where a fresh context starts: a seeded initial state, or an explicit observation vector."""
+    """Where a fresh context starts: a seeded initial state, or an explicit observation vector.
+
+    ``render`` asks for camera frames from this context on (worlds keep it in their state, so every
+    step, fork and retry of the context renders the same way).
+    """
 
     seed: int | None = None
     state: np.ndarray | None = None
+    render: RenderSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +160,10 @@ class WorldOutput:
     uncertainty: float | None = None
     info: dict[str, Any] = field(default_factory=dict)
     action: Any = None  # the action a world-action model chose itself (None when it applied the request's)
+    vector: Any = None
+    """The state vector, when ``observation`` is something else (frames, a latent)."""
+    images: dict[str, np.ndarray] | None = None
+    """Camera frames, uint8 HWC RGB, by camera name (sessions that render)."""
 
 
 @runtime_checkable

@@ -1,4 +1,5 @@
-"""Choosing a world for ``rollserve serve --world``: ``sim``, ``learned``, ``toy`` or ``module.path:factory``.
+"""Choosing a world for ``rollserve serve --world``: ``sim``, ``learned``, ``video``, ``toy`` or
+``module.path:factory``.
 
 Also home of the toy world: a deterministic, dependency-free world with the DROID action layout,
 cheap enough for tests and benchmarks of the serving layer itself.
@@ -86,7 +87,8 @@ def _frozen(array: np.ndarray) -> np.ndarray:
 
 def load_world(spec: str) -> WorldModel:
     """Build the world named by ``spec``: ``sim`` (the MuJoCo task), ``learned`` (the shipped
-    checkpoint), ``toy``, or ``module.path:factory`` (any callable returning a WorldModel)."""
+    checkpoint), ``video`` (the shipped video world model), ``toy``, or ``module.path:factory`` (any
+    callable returning a WorldModel)."""
     if spec == "toy":
         return ToyWorld()
     if spec == "sim":
@@ -97,9 +99,13 @@ def load_world(spec: str) -> WorldModel:
         from rollserve.models.learned_world import load_default
 
         return load_default()
+    if spec == "video":
+        from rollserve.models.video_world import load_default as load_video
+
+        return load_video()
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"unknown world {spec!r}: use sim, learned, toy or module.path:factory")
+        raise ValueError(f"unknown world {spec!r}: use sim, learned, video, toy or module.path:factory")
     factory = getattr(importlib.import_module(module_name), attr)
     world = factory()
     if not isinstance(world, WorldModel):

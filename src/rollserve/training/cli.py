@@ -11,7 +11,8 @@ import importlib
 # subcommand -> (module exposing add_arguments(parser) and main(args) -> int, one-line help)
 JOBS: dict[str, tuple[str, str]] = {
     "policy": ("rollserve.training.policy", "behaviour-clone the reference flow-matching policy"),
-    "world": ("rollserve.training.world_model", "train the learned world model"),
+    "world": ("rollserve.training.world_model", "train the learned world model (--video: the video one)"),
+    "video": ("rollserve.training.video_world_model", "train the learned video world model"),
 }
 
 
@@ -21,9 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    module_path, help_text = JOBS[args.job]
+    job = "video" if args.job == "world" and "--video" in args.job_args else args.job
+    job_args = [a for a in args.job_args if a != "--video"] if job == "video" else args.job_args
+    module_path, help_text = JOBS[job]
     module = importlib.import_module(module_path)
     parser = argparse.ArgumentParser(prog=f"rollserve train {args.job}", description=help_text)
     module.add_arguments(parser)
-    job_args = parser.parse_args(args.job_args)
+    job_args = parser.parse_args(job_args)
     return int(module.main(job_args) or 0)

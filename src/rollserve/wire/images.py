@@ -136,3 +136,43 @@ def _decode_checked(obj: dict[Any, Any], size: tuple[int, int], limits: WireLimi
     if image.shape[:2] != size:
         raise WireError(BAD_IMAGE, "JPEG size differs from its header")
     return image
+
+
+def image_to_json(image: np.ndarray, quality: int = 0) -> dict[str, Any]:
+    """The JSON form of a wire image: ``{"format": "raw"|"jpeg", "shape": [H, W, 3], "data": base64}``.
+
+    Raw data is the HWC RGB bytes; JPEG data is the JPEG file. Same ``quality`` rule as ``encode_image``.
+    """
+    import base64
+
+    wire = encode_image(image, quality)
+    data = wire[b"data"] if quality else np.ascontiguousarray(image).tobytes()
+    return {
+        "format": wire[b"format"],
+        "shape": list(image.shape),
+        "data": base64.b64encode(data).decode("ascii"),
+    }
+
+
+def decode_any_image(obj: Any, limits: WireLimits = DEFAULT_LIMITS) -> np.ndarray:
+    """An image in any of its wire forms: a decoded array, a msgpack image map, or the JSON form."""
+    if isinstance(obj, np.ndarray):
+        check_image(obj)
+        _check_size(obj.shape[0], obj.shape[1], limits)
+        return obj
+    if isinstance(obj, dict) and obj.get(IMAGE_KEY) is True:
+        return decode_image(obj, limits)
+    if isinstance(obj, dict) and isinstance(obj.get("data"), str):
+        import base64
+
+        data = base64.b64decode(obj["data"])
+        if obj.get("format") == "jpeg":
+            return decode_image({b"format": "jpeg", b"data": data}, limits)
+        shape = obj.get("shape")
+        if obj.get("format") != "raw" or not isinstance(shape, list) or len(shape) != 3 or shape[2] != 3:
+            raise WireError(BAD_IMAGE, "a JSON image is raw with shape [H, W, 3], or jpeg")
+        _check_size(int(shape[0]), int(shape[1]), limits)
+        if len(data) != shape[0] * shape[1] * 3:
+            raise WireError(BAD_IMAGE, "raw image data does not match its shape")
+        return np.frombuffer(data, dtype=np.uint8).reshape(shape).copy()
+    raise WireError(BAD_IMAGE, "not a wire image")

@@ -128,9 +128,36 @@ class ErrorObject(BaseModel):
     committed_step_id: int = -1
 
 
+MAX_FRAME_SIDE = 256
+"""Largest rendered frame side: a ``[1, 3, 256, 256]`` float32 frame is 768 KiB (1 MiB as base64)."""
+
+CameraName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+
+
+class RenderRequest(BaseModel):
+    """Camera frames with every observation (rollserve): which cameras, what size, raw or JPEG.
+
+    The first camera's frame is ``video_latent`` (float32 ``[1, 3, H, W]`` in [0, 1]); every camera's
+    image is in ``images`` (uint8 HWC RGB, raw or JPEG as on the policy wire) and the state vector in
+    ``state``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    cameras: list[CameraName] | None = Field(
+        default=None, min_length=1, max_length=8, description="Cameras to render; default: all the world has."
+    )
+    height: int = Field(default=64, ge=16, le=MAX_FRAME_SIDE)
+    width: int = Field(default=64, ge=16, le=MAX_FRAME_SIDE)
+    jpeg_quality: int = Field(default=0, ge=0, le=100, description="0 sends raw pixels; 1..100 JPEG.")
+
+
 class CreateSessionRequest(BaseModel):
     model: str
     mode: Literal["world_model_env"] = "world_model_env"
+    render: RenderRequest | None = Field(
+        default=None, description="Camera frames with each observation (rollserve)."
+    )
     seed: Seed | None = Field(default=None, description="Seeds the initial state (rollserve).")
     session_id: SessionId | None = Field(
         default=None, description="Client-chosen id; creating it again returns the same session (rollserve)."

@@ -18,14 +18,22 @@ import logging
 import math
 import time
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rollserve.engine import BatchingWorker, Completed, EngineClosed
-from rollserve.models.world import WorldCall, WorldInit, WorldModel, WorldOutput, WorldStep, run_world_calls
+from rollserve.models.world import (
+    RenderSpec,
+    WorldCall,
+    WorldInit,
+    WorldModel,
+    WorldOutput,
+    WorldStep,
+    run_world_calls,
+)
 from rollserve.server.metrics import METRICS
 from rollserve.server.rollout.protocol import (
     FLOAT32_MAX,
@@ -40,6 +48,7 @@ from rollserve.server.rollout.protocol import (
     ErrorObject,
     ForkSessionRequest,
     Observation,
+    RenderRequest,
     ResetSessionRequest,
     ResetSessionResponse,
     RolloutStepRequest,
@@ -49,6 +58,7 @@ from rollserve.server.rollout.protocol import (
 )
 from rollserve.server.rollout.store import (
     Commit,
+    Frames,
     RolloutError,
     RolloutSession,
     RolloutStore,
@@ -56,6 +66,7 @@ from rollserve.server.rollout.store import (
     StepRecord,
     closed_error,
 )
+from rollserve.wire.images import check_image, encode_image, image_to_json
 
 if TYPE_CHECKING:
     from rollserve.server.settings import ServerSettings
@@ -201,10 +212,11 @@ class RolloutService:
             existing := await self._same_session(req.session_id, req.model, None)
         ):
             return self._created(existing, raw_tensors)
+        render = self._render_spec(req.render)
         sid = await self.store.claim(req.session_id)
         seeds = np.random.default_rng(req.seed)
         seed = req.seed if req.seed is not None else int(seeds.integers(2**31))
-        out, obs = await self._initial(WorldInit(seed=seed))
+        out, obs, frames = await self._initial(WorldInit(seed=seed, render=render))
         now = time.time()
         session = RolloutSession(
             session_id=sid,
@@ -215,6 +227,9 @@ class RolloutService:
             root=out.state,
             observation=obs,
             seeds=seeds,
+            render=render,
+            jpeg_quality=req.render.jpeg_quality if req.render is not None else 0,
+            frames=frames,
         )
         try:
             session = await self.store.insert(session)
@@ -252,6 +267,9 @@ class RolloutService:
                 context_length=source.context_length,
                 last=source.last,
                 forked_from=source.session_id,
+                render=source.render,
+                jpeg_quality=source.jpeg_quality,
+                frames=source.frames,
             )
             fork = await self.store.insert(fork)
         await self._count_sessions()
@@ -270,10 +288,13 @@ class RolloutService:
             seeds = np.random.default_rng(req.seed) if req.seed is not None else copy.deepcopy(session.seeds)
             seed = req.seed if req.seed is not None else int(seeds.integers(2**31))
             start = np.asarray(req.state, dtype=np.float32) if req.state is not None else None
-            out, obs = await self._initial(WorldInit(seed=seed, state=start), session)
+            init = WorldInit(seed=seed, state=start, render=session.render)
+            out, obs, frames = await self._initial(init, session)
             while True:  # when another replica moved the session meanwhile, the reset still wins
                 base = (session.epoch, session.committed_step_id)
-                change = Commit(base, out.state, obs, -1, 0, None, base[0] + 1, root=out.state, seeds=seeds)
+                change = Commit(
+                    base, out.state, obs, -1, 0, None, base[0] + 1, root=out.state, seeds=seeds, frames=frames
+                )
                 if await self.store.commit(session, change):
                     break
                 if session.closed:
@@ -282,7 +303,7 @@ class RolloutService:
             session_id=session_id,
             committed_step_id=-1,
             context_length=0,
-            observation=encode_tensor_field(obs, raw=raw_tensors),
+            observation=_observation(obs, frames, session.jpeg_quality, raw_tensors),
         )
 
     async def close_session(self, session_id: str) -> CloseSessionResponse:
@@ -419,6 +440,8 @@ class RolloutService:
             inputs = fold_action_into_observation(req.observation, req.action, state_fallback=not acting)
             action = None if acting else self._action_vector(inputs)
             init = _start_from(inputs)
+            if init is not None:
+                init = replace(init, render=session.render)
         except (ValueError, TypeError) as exc:
             return self._refused(req.step_id, "invalid_request", _short(exc), committed, context)
         if req.use_session_context:
@@ -460,6 +483,7 @@ class RolloutService:
                 terminated=bool(out.terminated),
                 uncertainty=None if out.uncertainty is None else _finite(out.uncertainty, "uncertainty"),
                 info=_json_safe(out.info),
+                frames=_frames_of(out),
             )
         except EngineClosed:
             message = "the world engine is shut down"
@@ -470,7 +494,14 @@ class RolloutService:
             return self._refused(req.step_id, "inference_error", message, committed, context)
         if req.use_session_context:
             change = Commit(
-                plan.base, out.state, record.observation, req.step_id, context + 1, record, plan.base[0]
+                plan.base,
+                out.state,
+                record.observation,
+                req.step_id,
+                context + 1,
+                record,
+                plan.base[0],
+                frames=record.frames,
             )
             if not await self.store.commit(session, change):
                 again = self._plan(session, req, plan.started, raw)
@@ -489,7 +520,9 @@ class RolloutService:
             batch_size=outcome.batch_size,
         )
         return RolloutStepResponse(
-            step_id=req.step_id, next_observation=_next_observation(record, raw), model_metadata=meta
+            step_id=req.step_id,
+            next_observation=_next_observation(record, session.jpeg_quality, raw),
+            model_metadata=meta,
         )
 
     def _replay(self, session: RolloutSession, last: StepRecord, raw: bool) -> RolloutStepResponse:
@@ -500,7 +533,7 @@ class RolloutService:
             session.committed_step_id,
             session.context_length,
         )
-        response.next_observation = _next_observation(last, raw)
+        response.next_observation = _next_observation(last, session.jpeg_quality, raw)
         response.model_metadata.uncertainty = last.uncertainty
         response.replayed = True
         return response
@@ -527,6 +560,28 @@ class RolloutService:
             )
         return rows
 
+    def _render_spec(self, req: RenderRequest | None) -> RenderSpec | None:
+        """The frames a new session asked for, checked against what the world renders."""
+        if req is None:
+            return None
+        spec = self.world.spec
+        if not spec.cameras:
+            raise RolloutError("invalid_request", f"world {spec.name!r} does not render camera frames")
+        cameras = tuple(req.cameras) if req.cameras is not None else spec.cameras
+        unknown = [c for c in cameras if c not in spec.cameras]
+        if unknown or len(set(cameras)) != len(cameras):
+            raise RolloutError(
+                "invalid_request", f"render.cameras must be distinct names among {list(spec.cameras)}"
+            )
+        fields = req.model_fields_set
+        height, width = req.height, req.width
+        if spec.frame_size is not None:
+            if {"height", "width"} & fields and (height, width) != spec.frame_size:
+                size = "x".join(map(str, spec.frame_size))
+                raise RolloutError("invalid_request", f"world {spec.name!r} renders {size} frames only")
+            height, width = spec.frame_size
+        return RenderSpec(cameras=cameras, height=height, width=width)
+
     # -- engine ---------------------------------------------------------------------------------------
     async def _run(self, calls: list[WorldCall]) -> list[Completed | BaseException]:
         try:
@@ -542,7 +597,7 @@ class RolloutService:
 
     async def _initial(
         self, init: WorldInit, session: RolloutSession | None = None
-    ) -> tuple[WorldOutput, np.ndarray]:
+    ) -> tuple[WorldOutput, np.ndarray, Frames | None]:
         """A fresh start state from the world, or ``inference_error`` / ``invalid_request``."""
         committed = session.committed_step_id if session else -1
         (outcome,) = await self._run([WorldCall(init=init)])
@@ -562,7 +617,7 @@ class RolloutService:
             code, message = "inference_error", f"world start failed: {type(exc).__name__}: {_short(exc)}"
         else:
             try:
-                return out, as_float32(out.observation)
+                return out, as_float32(out.observation), _frames_of(out)
             except (
                 Exception
             ) as exc:  # the world's own output is bad (e.g. not finite): not the client's fault
@@ -590,7 +645,7 @@ class RolloutService:
             model=session.model,
             committed_step_id=session.committed_step_id,
             context_length=session.context_length,
-            observation=encode_tensor_field(session.observation, raw=raw),
+            observation=_observation(session.observation, session.frames, session.jpeg_quality, raw),
             forked_from=session.forked_from,
         )
 
@@ -623,9 +678,33 @@ def _start_from(inputs: dict[str, Any]) -> WorldInit | None:
     return WorldInit(seed=seed, state=start)
 
 
-def _next_observation(record: StepRecord, raw: bool) -> dict[str, Any]:
+def _frames_of(out: WorldOutput) -> Frames | None:
+    """A rendering world's images (uint8 HWC RGB) and state vector, checked before anything commits."""
+    if out.images is None:
+        return None
+    images = {}
+    for name, image in out.images.items():
+        image = np.ascontiguousarray(image)
+        check_image(image, f"world image {name!r}")
+        images[str(name)] = image
+    return Frames(vector=None if out.vector is None else as_float32(out.vector), images=images)
+
+
+def _observation(tensor: np.ndarray, frames: Frames | None, quality: int, raw: bool) -> dict[str, Any]:
+    """An observation on the wire: the tensor, and for a rendering session ``state`` and ``images``
+    (msgpack: the policy wire's image maps; JSON: ``{"format", "shape", "data"}`` with base64 data)."""
+    out = encode_tensor_field(tensor, raw=raw)
+    if frames is not None:
+        if frames.vector is not None:
+            out["state"] = frames.vector.tolist()
+        encode = encode_image if raw else image_to_json
+        out["images"] = {name: encode(image, quality) for name, image in frames.images.items()}
+    return out
+
+
+def _next_observation(record: StepRecord, quality: int, raw: bool) -> dict[str, Any]:
     out = {
-        **encode_tensor_field(record.observation, raw=raw),
+        **_observation(record.observation, record.frames, quality, raw),
         "reward": record.reward,
         "terminated": record.terminated,
         "info": record.info,

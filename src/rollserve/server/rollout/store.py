@@ -36,6 +36,14 @@ class RolloutError(Exception):
 
 
 @dataclass(frozen=True)
+class Frames:
+    """What a rendering session sees next to its tensor: the state vector and the camera images."""
+
+    vector: np.ndarray | None
+    images: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
 class StepRecord:
     """The committed result of a step, kept so a duplicate of it can be answered without the model."""
 
@@ -47,6 +55,7 @@ class StepRecord:
     uncertainty: float | None
     info: dict[str, Any]
     actions: np.ndarray | None = None  # the action a world-action model chose, [1, action_dim]
+    frames: Frames | None = None  # a rendering session's images and state vector
 
 
 @dataclass
@@ -72,6 +81,9 @@ class RolloutSession:
     last: StepRecord | None = None
     forked_from: str | None = None
     closed_reason: str | None = None
+    render: Any = None  # the session's RenderSpec (None: no frames), for its resets and fresh contexts
+    jpeg_quality: int = 0  # how its images go on the wire (0: raw)
+    frames: Frames | None = None  # the images and state vector of ``observation``
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     @property
@@ -97,6 +109,7 @@ class Commit:
     epoch: int
     root: Any = None  # a reset's new episode start; None keeps the current one
     seeds: np.random.Generator | None = None  # a reset's seed sequence; None keeps the current one
+    frames: Frames | None = None  # the images and state vector of ``observation``
 
 
 class SessionStore(Protocol):
@@ -126,6 +139,7 @@ def apply_commit(session: RolloutSession, change: Commit) -> None:
     session.state, session.observation, session.last = change.state, change.observation, change.last
     session.committed_step_id, session.context_length = change.committed_step_id, change.context_length
     session.epoch = change.epoch
+    session.frames = change.frames
     if change.root is not None:
         session.root = change.root
     if change.seeds is not None:
