@@ -85,3 +85,30 @@ def test_env_checker_passes_on_the_real_worlds(world: str) -> None:
             assert env.observation_space.shape == (13,) and env.action_space.shape == (8,)
         finally:
             env.close()
+
+
+def test_pixel_envs_pass_the_checker_and_batch_like_single_envs() -> None:
+    """Training from pixels: a rendering session gives a Dict of state and uint8 camera images."""
+    from rollserve.models.worlds import load_world
+
+    settings = ServerSettings(max_batch_wait_ms=0.0)
+    render = {"cameras": ["exterior"], "height": 32, "width": 48}
+    with serving(create_app(settings, rollout=RolloutService(load_world("sim"), settings))) as server:
+        env = RolloutEnv(server.http_url, render=render)
+        venv = RolloutVectorEnv(2, server.http_url, render=render)
+        try:
+            check_env(env, skip_render_check=True)
+            assert env.observation_space["images"]["exterior"].shape == (32, 48, 3)
+            obs, _ = env.reset(seed=4)
+            v_obs, _ = venv.reset(seed=4)
+            assert venv.observation_space.contains(v_obs)
+            np.testing.assert_array_equal(v_obs["images"]["exterior"][0], obs["images"]["exterior"])
+            action = np.r_[obs["state"][:7], 1.0].astype(np.float32)
+            one = env.step(action)[0]
+            both = venv.step(np.stack([action, action]))[0]
+            assert venv.observation_space.contains(both)
+            np.testing.assert_array_equal(both["state"][0], one["state"])
+            np.testing.assert_array_equal(both["images"]["exterior"][0], one["images"]["exterior"])
+        finally:
+            env.close()
+            venv.close()

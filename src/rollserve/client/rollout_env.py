@@ -1,6 +1,10 @@
 """Gymnasium environments over a served world: ``RolloutEnv`` (one session) and ``RolloutVectorEnv``
 (many sessions stepped with one ``batch_step`` request). The same code drives the simulator world
 and a learned world; only the server behind the URL changes. Needs the ``gym`` extra.
+
+With ``render={...}`` (cameras, size, JPEG quality; see ``RolloutClient.open_session``) the sessions
+render and the observation is a ``Dict``: ``{"state": float32 (S,), "images": {camera: uint8
+(H, W, 3)}}``, for training from pixels. Without it, the observation is the world's tensor.
 """
 
 from __future__ import annotations
@@ -13,12 +17,30 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from rollserve.client.rollout_client import RolloutClient, RolloutRequestError, StepCall
+from rollserve.client.rollout_client import Observed, RolloutClient, RolloutRequestError, StepCall
 
 
 def spaces_of(entry: dict[str, Any]) -> tuple[spaces.Box, spaces.Box]:
     """Observation and action spaces from a world's ``/v1/models`` entry."""
     return _box(entry["observation"]), _box(entry["action"])
+
+
+def pixel_spaces_of(entry: dict[str, Any], render: dict[str, Any]) -> tuple[spaces.Dict, spaces.Box]:
+    """The ``Dict`` observation space of a rendering session, and the action space."""
+    cameras = entry.get("cameras")
+    if not cameras:
+        raise ValueError(f"world {entry['id']!r} does not render camera frames")
+    size = entry.get("frame_size") or [render.get("height", 64), render.get("width", 64)]
+    image = spaces.Box(0, 255, shape=(int(size[0]), int(size[1]), 3), dtype=np.uint8)
+    images = spaces.Dict({name: image for name in render.get("cameras") or cameras})
+    observation = spaces.Dict({"state": _box(entry["state"]), "images": images})
+    return observation, _box(entry["action"])
+
+
+def _pixels(observed: Observed) -> dict[str, Any]:
+    if observed.state is None or observed.images is None:
+        raise RolloutRequestError("bad_response", "a rendering session answered without state or images")
+    return {"state": observed.state, "images": dict(observed.images)}
 
 
 def _box(layout: dict[str, Any]) -> spaces.Box:
@@ -42,19 +64,26 @@ def _connect(
 class _Session:
     """One remote session as an episode: its id, the next step id and the steps taken."""
 
-    def __init__(self, client: RolloutClient, model: str) -> None:
-        self.client, self.model = client, model
+    def __init__(self, client: RolloutClient, model: str, render: dict[str, Any] | None = None) -> None:
+        self.client, self.model, self.render = client, model, render
         self.session_id: str | None = None
         self.next_step = 0
         self.elapsed = 0
 
-    def reset(self, seed: int | None) -> np.ndarray:
+    def reset(self, seed: int | None) -> Any:
+        """The first observation: the tensor, or ``{"state", "images"}`` when the session renders."""
         if self.session_id is None:
-            self.session_id, obs = self.client.create_session(self.model, seed=seed)
+            self.session_id, observed = self.client.open_session(self.model, seed=seed, render=self.render)
         else:
-            obs = self.client.reset(self.session_id, seed=seed)
+            observed = self.client.restart(self.session_id, seed=seed)
         self.next_step, self.elapsed = 0, 0
-        return obs
+        return observed.tensor if self.render is None else _pixels(observed)
+
+    def observation(self, result: Any) -> Any:
+        """What the env returns of a step result."""
+        if self.render is None:
+            return result.observation
+        return _pixels(Observed(result.observation, result.state, result.images))
 
     def call(self, action: np.ndarray) -> StepCall:
         assert self.session_id is not None, "reset() before step()"
@@ -84,12 +113,17 @@ class RolloutEnv(gym.Env[np.ndarray, np.ndarray]):
         model: str | None = None,
         max_episode_steps: int | None = None,
         api_key: str | None = None,
+        render: dict[str, Any] | None = None,
     ) -> None:
         self.client, self._owns_client, entry = _connect(base_url, client, model, api_key)
         self.model = entry["id"]
-        self.observation_space, self.action_space = spaces_of(entry)
+        self.observation_space: spaces.Space[Any]
+        if render is None:
+            self.observation_space, self.action_space = spaces_of(entry)
+        else:
+            self.observation_space, self.action_space = pixel_spaces_of(entry, render)
         self.max_episode_steps = max_episode_steps or int(entry.get("max_episode_steps", 200))
-        self._session = _Session(self.client, self.model)
+        self._session = _Session(self.client, self.model, render)
 
     @property
     def session_id(self) -> str | None:
@@ -108,7 +142,8 @@ class RolloutEnv(gym.Env[np.ndarray, np.ndarray]):
         result = self.client.step(call.session_id, call.step_id, call.action)
         self._session.advance()
         truncated = self._session.elapsed >= self.max_episode_steps and not result.terminated
-        return result.observation, result.reward, result.terminated, truncated, dict(result.info)
+        obs = self._session.observation(result)
+        return obs, result.reward, result.terminated, truncated, dict(result.info)
 
     def close(self) -> None:
         try:
@@ -134,14 +169,19 @@ class RolloutVectorEnv(VectorEnv):
         model: str | None = None,
         max_episode_steps: int | None = None,
         api_key: str | None = None,
+        render: dict[str, Any] | None = None,
     ) -> None:
         self.client, self._owns_client, entry = _connect(base_url, client, model, api_key)
         self.num_envs = num_envs
-        self.single_observation_space, self.single_action_space = spaces_of(entry)
+        self.single_observation_space: spaces.Space[Any]
+        if render is None:
+            self.single_observation_space, self.single_action_space = spaces_of(entry)
+        else:
+            self.single_observation_space, self.single_action_space = pixel_spaces_of(entry, render)
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
         self.max_episode_steps = max_episode_steps or int(entry.get("max_episode_steps", 200))
-        self._sessions = [_Session(self.client, entry["id"]) for _ in range(num_envs)]
+        self._sessions = [_Session(self.client, entry["id"], render) for _ in range(num_envs)]
         self._needs_reset = np.zeros(num_envs, dtype=bool)
 
     def reset(
@@ -154,16 +194,16 @@ class RolloutVectorEnv(VectorEnv):
             seeds = [seed + i for i in range(self.num_envs)]
         else:
             seeds = list(seed)
-        obs = np.stack([s.reset(sd) for s, sd in zip(self._sessions, seeds, strict=True)])
+        obs = [s.reset(sd) for s, sd in zip(self._sessions, seeds, strict=True)]
         self._needs_reset[:] = False
-        return obs, {}
+        return self._batched(obs), {}
 
     def step(
         self, actions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         actions = np.asarray(actions, dtype=np.float32)
         n = self.num_envs
-        obs = np.zeros((n, *self.single_observation_space.shape), dtype=np.float32)
+        obs: list[Any] = [None] * n
         rewards, terminated, truncated = np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         stepping = [i for i in range(n) if not self._needs_reset[i]]
         for i in range(n):
@@ -176,10 +216,21 @@ class RolloutVectorEnv(VectorEnv):
             if isinstance(result, RolloutRequestError):
                 raise result
             self._sessions[i].advance()
-            obs[i], rewards[i], terminated[i] = result.observation, result.reward, result.terminated
+            obs[i] = self._sessions[i].observation(result)
+            rewards[i], terminated[i] = result.reward, result.terminated
             truncated[i] = self._sessions[i].elapsed >= self.max_episode_steps and not result.terminated
         self._needs_reset = terminated | truncated
-        return obs, rewards, terminated, truncated, {}
+        return self._batched(obs), rewards, terminated, truncated, {}
+
+    def _batched(self, obs: list[Any]) -> Any:
+        """Per-env observations stacked as the batched space lays them out."""
+        if not isinstance(obs[0], dict):
+            return np.stack(obs).astype(np.float32, copy=False)
+        cameras = obs[0]["images"]
+        return {
+            "state": np.stack([o["state"] for o in obs]),
+            "images": {cam: np.stack([o["images"][cam] for o in obs]) for cam in cameras},
+        }
 
     def _next_seed(self) -> int:
         return int(self.np_random.integers(2**31))
@@ -193,4 +244,4 @@ class RolloutVectorEnv(VectorEnv):
                 self.client.close()
 
 
-__all__ = ["RolloutEnv", "RolloutVectorEnv", "spaces_of"]
+__all__ = ["RolloutEnv", "RolloutVectorEnv", "pixel_spaces_of", "spaces_of"]
