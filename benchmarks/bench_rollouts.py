@@ -6,12 +6,14 @@ Each point steps N sessions of the learned world model for a number of environme
   (what ``RolloutVectorEnv`` does);
 - ``step``: every session stepped on its own ``POST .../{id}/step`` from its own client thread (the
   server may still batch concurrent requests on its engine);
+- ``step`` in turn: one client steps the sessions one after another (each step its own model call);
 - in-process: the world's ``step_batch`` called directly with all N steps (the floor), and one step
   at a time.
 
 The server (``rollserve serve --world ...``) runs in a subprocess with one math thread; the
 in-process floor also runs with one. Overhead per step is the time per session-step over HTTP minus
-the in-process batched time per session-step.
+the in-process batched time per session-step. ``--frames on`` (or ``both``) makes every session
+render: the first camera at 64x64, raw (the simulator renders it; the video world decodes it).
 """
 
 from __future__ import annotations
@@ -40,12 +42,24 @@ def random_actions(spec: Any, count: int, rng: np.random.Generator) -> np.ndarra
     return rng.uniform(low, high, (count, spec.action_dim)).astype(np.float32)
 
 
-def in_process(world: Any, sessions: int, steps: int, one_at_a_time: bool) -> float:
+def render_spec(world: Any, frames: bool) -> Any:
+    """The worlds' render request of a session with frames: its first camera at 64x64."""
+    from rollserve.models.world import RenderSpec
+
+    if not frames:
+        return None
+    height, width = world.spec.frame_size or (64, 64)
+    return RenderSpec((world.spec.cameras[0],), height, width)
+
+
+def in_process(world: Any, sessions: int, steps: int, one_at_a_time: bool, frames: bool = False) -> float:
     """Seconds per session-step calling ``world.step_batch`` directly."""
     from rollserve.models.world import WorldInit, WorldStep
 
     rng = np.random.default_rng(0)
-    states = [out.state for out in world.initial_states([WorldInit(seed=i) for i in range(sessions)])]
+    render = render_spec(world, frames)
+    inits = [WorldInit(seed=i, render=render) for i in range(sessions)]
+    states = [out.state for out in world.initial_states(inits)]
     started = time.perf_counter()
     for t in range(steps + 1):
         if t == 1:
@@ -60,9 +74,11 @@ def in_process(world: Any, sessions: int, steps: int, one_at_a_time: bool) -> fl
 class Rollouts:
     """N sessions on the served world, each with its own client (and connection)."""
 
-    def __init__(self, url: str, model: str, sessions: int) -> None:
+    def __init__(self, url: str, model: str, sessions: int, render: dict[str, Any] | None = None) -> None:
         self.clients = [RolloutClient(url) for _ in range(sessions)]
-        self.ids = [client.create_session(model, seed=i)[0] for i, client in enumerate(self.clients)]
+        self.ids = [
+            client.create_session(model, seed=i, render=render)[0] for i, client in enumerate(self.clients)
+        ]
         self.next_step = [0] * sessions
 
     def batch_step(self, actions: np.ndarray) -> None:
@@ -83,11 +99,19 @@ class Rollouts:
 
 
 def over_http(
-    url: str, model: str, spec: Any, sessions: int, steps: int, mode: str, pool: ThreadPoolExecutor
+    url: str,
+    model: str,
+    spec: Any,
+    sessions: int,
+    steps: int,
+    mode: str,
+    pool: ThreadPoolExecutor,
+    frames: bool = False,
 ) -> float:
     """Seconds per session-step over HTTP; ``mode`` is ``batch_step`` or ``step``."""
     rng = np.random.default_rng(0)
-    rollouts = Rollouts(url, model, sessions)
+    render = {"cameras": [spec.cameras[0]], "height": 64, "width": 64} if frames else None
+    rollouts = Rollouts(url, model, sessions, render)
     try:
         plan = [random_actions(spec, sessions, rng) for _ in range(steps + 1)]
         run = rollouts.batch_step if mode == "batch_step" else None
@@ -96,7 +120,14 @@ def over_http(
             for t in range(start, steps + 1):
                 rollouts.step_one(index, plan[t][index])
 
-        if run is not None:
+        if mode == "step in turn":
+            for i in range(sessions):  # warm-up step, not timed
+                rollouts.step_one(i, plan[0][i])
+            started = time.perf_counter()
+            for t in range(1, steps + 1):
+                for i in range(sessions):
+                    rollouts.step_one(i, plan[t][i])
+        elif run is not None:
             run(plan[0])  # warm-up step, not timed
             started = time.perf_counter()
             for t in range(1, steps + 1):
@@ -117,6 +148,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--steps", type=int, default=None, help="environment steps per point")
     parser.add_argument("--repeats", type=int, default=None, help="repeats per point (median reported)")
+    parser.add_argument(
+        "--frames", choices=["off", "on", "both"], default="off", help="sessions render camera frames"
+    )
     args = parser.parse_args(argv)
     steps = args.steps or (20 if args.quick else 50)
     repeats = args.repeats or (3 if args.quick else 5)
@@ -140,23 +174,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if note:
         results["note"] = note
     rows = []
+    frame_modes = {"off": [False], "on": [True], "both": [False, True]}[args.frames]
+    if any(frame_modes) and not spec.cameras:
+        raise SystemExit(f"world {spec.name!r} does not render camera frames")
     with running(start_rollserve(world=args.world)) as server, ThreadPoolExecutor(max(args.sessions)) as pool:
         url = f"http://127.0.0.1:{server.port}"
-        for n in args.sessions:
+        for frames, n in ((f, n) for f in frame_modes for n in args.sessions):
             timings: dict[str, list[float]] = {
                 "in-process step_batch": [], "in-process, one step per call": [], "HTTP batch_step": [],
-                "HTTP step, one thread per session": [],
+                "HTTP step, one thread per session": [], "HTTP step, sessions in turn": [],
             }  # fmt: skip
             for _ in range(repeats):  # interleaved, so background load hits every path alike
-                timings["in-process step_batch"].append(in_process(world, n, steps, one_at_a_time=False))
+                timings["in-process step_batch"].append(
+                    in_process(world, n, steps, one_at_a_time=False, frames=frames)
+                )
                 timings["in-process, one step per call"].append(
-                    in_process(world, n, steps, one_at_a_time=True)
+                    in_process(world, n, steps, one_at_a_time=True, frames=frames)
                 )
                 timings["HTTP batch_step"].append(
-                    over_http(url, spec.name, spec, n, steps, "batch_step", pool)
+                    over_http(url, spec.name, spec, n, steps, "batch_step", pool, frames)
                 )
                 timings["HTTP step, one thread per session"].append(
-                    over_http(url, spec.name, spec, n, steps, "step", pool)
+                    over_http(url, spec.name, spec, n, steps, "step", pool, frames)
+                )
+                timings["HTTP step, sessions in turn"].append(
+                    over_http(url, spec.name, spec, n, steps, "step in turn", pool, frames)
                 )
             medians = {path: statistics.median(values) for path, values in timings.items()}
             floor = medians["in-process step_batch"]
@@ -168,13 +210,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "overhead_us_per_step": (seconds - floor) * 1e6,
                     "x_in_process": seconds / floor,
                 }
-                rows.append([n, path, 1.0 / seconds, seconds * 1e6, (seconds - floor) * 1e6, seconds / floor])
-            results["points"][n] = point
+                rows.append(
+                    [
+                        n,
+                        "yes" if frames else "no",
+                        path,
+                        1.0 / seconds,
+                        seconds * 1e6,
+                        (seconds - floor) * 1e6,
+                        seconds / floor,
+                    ]
+                )
+            key = f"{n} frames" if frames else n
+            results["points"][key] = point
+            for path in ("HTTP step, one thread per session", "HTTP step, sessions in turn"):
+                ratio = medians[path] / medians["HTTP batch_step"]
+                results.setdefault("batch_step_speedup", {}).setdefault(path, {})[key] = ratio
     world.close()
     print_table(
         f"Rollouts on world {spec.name!r}: N sessions x {steps} steps, median of {repeats}"
         + (f" ({note})" if note else ""),
-        ["sessions", "path", "steps/s", "us/step", "overhead us/step", "x in-process batch"],
+        ["sessions", "frames", "path", "steps/s", "us/step", "overhead us/step", "x in-process batch"],
         rows,
     )
     emit_json("rollouts", results)

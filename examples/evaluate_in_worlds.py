@@ -1,10 +1,12 @@
-"""Evaluate the reference policy inside the learned world model and inside the simulator, through the
-same gymnasium API, and print both returns. Trains nothing.
+"""Evaluate the reference policy inside the learned world model, the video world model and the
+simulator, through the same gymnasium API, and print the returns. Trains nothing.
 
     python examples/evaluate_in_worlds.py --episodes 5
 
 Each world is served by rollserve on a local port, exactly as ``rollserve serve --world learned``
-(or ``--world sim``) would serve it; ``RolloutEnv(url)`` works the same against a remote server.
+(or ``--world video`` / ``--world sim``) would serve it; ``RolloutEnv(url)`` works the same against a
+remote server. The video world's session renders: its observation is ``{"state", "images"}`` (the
+imagined camera frame and the state head's prediction), and the policy reads the state.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def episode_return(env: RolloutEnv, policy, seed: int) -> tuple[float, bool]:  #
     obs, _ = env.reset(seed=seed)
     total, steps, done, terminated = 0.0, 0, False, False
     while not done:
-        batch = processors.pre({"state": obs})
+        batch = processors.pre({"state": obs["state"] if isinstance(obs, dict) else obs})
         batch["seed"] = seed * 1000 + steps  # the same policy noise in both worlds
         for action in processors.post(policy.predict_action_chunk(batch))[:EXECUTE]:
             obs, reward, terminated, truncated, _ = env.step(action)
@@ -44,15 +46,16 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=100_000)
+    parser.add_argument("--worlds", nargs="+", default=["learned", "video", "sim"])
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     policy = load_default()
     seeds = range(args.first_seed, args.first_seed + args.episodes)
     returns: dict[str, list[float]] = {}
-    for world in ("learned", "sim"):
+    for world in args.worlds:
         service = RolloutService(load_world(world))
         with serving(create_app(ServerSettings(), rollout=service)) as server:
-            env = RolloutEnv(server.http_url)
+            env = RolloutEnv(server.http_url, render={} if world == "video" else None)
             results = [episode_return(env, policy, seed) for seed in seeds]
             env.close()
         returns[world] = [r for r, _ in results]

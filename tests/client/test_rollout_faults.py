@@ -155,3 +155,35 @@ def test_a_world_that_acts_by_itself_survives_faults_with_the_same_actions() -> 
     for (c_action, c_obs), (f_action, f_obs) in zip(clean, flaky, strict=True):
         np.testing.assert_array_equal(c_action, f_action)
         np.testing.assert_array_equal(c_obs, f_obs)
+
+
+def test_the_video_world_survives_faults_with_identical_latents_states_and_frames() -> None:
+    """The learned video world, rendering, through the flaky network: every latent, predicted state
+    and decoded frame equals the fault-free run's (a step runs once; a lost reply is replayed)."""
+    from rollserve.models.worlds import load_world
+
+    settings = ServerSettings(max_batch_wait_ms=0.0)
+
+    def run(transport: httpx.BaseTransport, tag: str) -> list[tuple[np.ndarray, ...]]:
+        out = []
+        with RolloutClient(base, transport=transport, backoff_s=0.001, max_retries=30) as client:
+            for k in range(3):
+                sid, first = client.open_session("video", seed=k, session_id=f"{tag}-{k}", render={})
+                state = first.state
+                for t in range(10):
+                    action = np.r_[state[:7] + 0.05 * np.sin(k + t + state[:7]), 0.1 * t].astype(np.float32)
+                    result = client.step(sid, t, action)
+                    state = result.state  # feedback: one wrong step would change everything after it
+                    out.append((result.observation, result.state, result.images["exterior"]))
+                status = client.status(sid)
+                assert (status["committed_step_id"], status["context_length"]) == (9, 10)
+        return out
+
+    with serving(create_app(settings, rollout=RolloutService(load_world("video"), settings))) as server:
+        base = server.http_url
+        network = FlakyNetwork(seed=5, p_request=0.2, p_reply=0.2)
+        clean, flaky = run(httpx.HTTPTransport(), "clean"), run(network, "flaky")
+    assert network.dropped_replies > 3 and network.dropped_requests > 3
+    for c, f in zip(clean, flaky, strict=True):
+        for c_part, f_part in zip(c, f, strict=True):
+            np.testing.assert_array_equal(c_part, f_part)

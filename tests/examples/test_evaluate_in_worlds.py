@@ -24,6 +24,8 @@ def test_example_prints_both_returns(capsys) -> None:
         re.findall(r"^\s*(\w+) world: mean return\s+(-?\d+\.\d\d)  success 100%$", out, re.MULTILINE)
     )
     assert set(printed) == {"learned", "sim"}, out  # both worlds, every episode a success
+    assert re.search(r"^\s*video world: mean return\s+-?\d+\.\d\d  success \d+%$", out, re.MULTILINE), out
+    assert len(returns["video"]) == 2 and np.all(np.isfinite(returns["video"]))  # weak there: not pinned
     assert len(returns["learned"]) == len(returns["sim"]) == 2
     for world, mean in printed.items():
         assert float(mean) == round(float(np.mean(returns[world])), 2)  # the printed value is the mean

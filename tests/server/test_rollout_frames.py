@@ -56,7 +56,7 @@ def as_latent(image: np.ndarray) -> np.ndarray:
 def test_seed_shaped_client_gets_float32_frames_equal_to_the_simulators(url: str) -> None:
     size = (48, 64)
     render = {"cameras": ["exterior", "wrist"], "height": size[0], "width": size[1]}
-    with httpx.Client(base_url=url) as http:
+    with httpx.Client(base_url=url, timeout=60) as http:
         created = http.post(SESSIONS, json={"model": "sim", "seed": 7, "render": render}).json()
         sid, first = created["session_id"], created["observation"]
         state = np.asarray(first["state"], dtype=np.float32)
@@ -121,7 +121,7 @@ def test_fork_and_replay_keep_the_frames(url: str) -> None:
     [{"cameras": ["nope"]}, {"cameras": ["wrist", "wrist"]}, {"height": 4096}, {"jpeg_quality": 101}],
 )
 def test_bad_render_requests_are_refused_and_create_nothing(url: str, render: dict) -> None:
-    with httpx.Client(base_url=url) as http:
+    with httpx.Client(base_url=url, timeout=60) as http:
         resp = http.post(SESSIONS, json={"model": "sim", "session_id": "bad-render", "render": render})
         assert resp.status_code == 400, resp.text
         assert http.get(f"{SESSIONS}/bad-render/status").status_code != 200
@@ -130,5 +130,5 @@ def test_bad_render_requests_are_refused_and_create_nothing(url: str, render: di
 def test_a_world_without_cameras_refuses_render() -> None:
     settings = ServerSettings(max_batch_wait_ms=0.0)
     with serving(create_app(settings, rollout=RolloutService(ToyWorld(), settings))) as server:
-        resp = httpx.post(server.http_url + SESSIONS, json={"model": "toy", "render": {}})
+        resp = httpx.post(server.http_url + SESSIONS, json={"model": "toy", "render": {}}, timeout=60)
     assert resp.status_code == 400 and "does not render" in resp.text

@@ -289,37 +289,48 @@ class VideoWorld:
 
     # -- steps ----------------------------------------------------------------------------------------
     def step_batch(self, steps: Sequence[WorldStep]) -> list[WorldOutput | BaseException]:
-        if not steps:
-            return []
-        for step in steps:
-            if not isinstance(step.state, VideoState):
-                raise TypeError(f"not a video-world state: {type(step.state).__name__}")
-        latents = np.stack([s.state.latent for s in steps])
-        vectors = np.stack([s.state.vector for s in steps])
-        actions = np.stack([np.asarray(s.action, dtype=np.float32) for s in steps])
-        if self._low is not None and self._high is not None:
-            actions = np.clip(actions, self._low, self._high)
-        want_frames = np.array([s.state.render for s in steps])
-        next_latents, next_vectors, frames = self.predict(latents, vectors, actions, want_frames)
-        rule = self.config.rule
-        success = rule.success(next_vectors)  # type: ignore[union-attr]
-        reward = rule.reward(next_vectors, success)  # type: ignore[union-attr]
-        outs: list[WorldOutput | BaseException] = []
-        for i in range(len(steps)):
-            state = VideoState.of(next_latents[i], next_vectors[i], bool(want_frames[i]))
-            images = {self.config.camera: frames[i]} if frames is not None and want_frames[i] else None
-            outs.append(
-                WorldOutput(
+        """Every well-formed step in one batched forward pass; a malformed one fails alone."""
+        outs: list[WorldOutput | BaseException | None] = [None] * len(steps)
+        good: list[int] = []
+        for i, step in enumerate(steps):
+            problem = self._problem(step)
+            if problem is None:
+                good.append(i)
+            else:
+                outs[i] = problem
+        if good:
+            latents = np.stack([steps[i].state.latent for i in good])
+            vectors = np.stack([steps[i].state.vector for i in good])
+            actions = np.stack([np.asarray(steps[i].action, dtype=np.float32) for i in good])
+            if self._low is not None and self._high is not None:
+                actions = np.clip(actions, self._low, self._high)
+            want_frames = np.array([steps[i].state.render for i in good])
+            next_latents, next_vectors, frames = self.predict(latents, vectors, actions, want_frames)
+            rule = self.config.rule
+            success = rule.success(next_vectors)  # type: ignore[union-attr]
+            reward = rule.reward(next_vectors, success)  # type: ignore[union-attr]
+            for row, i in enumerate(good):
+                state = VideoState.of(next_latents[row], next_vectors[row], bool(want_frames[row]))
+                drawn = frames is not None and want_frames[row]
+                images = {self.config.camera: frames[row]} if drawn else None  # type: ignore[index]
+                outs[i] = WorldOutput(
                     state=state,
                     observation=state.latent[None],
-                    reward=float(reward[i]),
-                    terminated=bool(success[i]),
-                    info={"success": bool(success[i])},
+                    reward=float(reward[row]),
+                    terminated=bool(success[row]),
+                    info={"success": bool(success[row])},
                     vector=state.vector,
                     images=images,
                 )
-            )
-        return outs
+        return outs  # type: ignore[return-value]
+
+    def _problem(self, step: WorldStep) -> BaseException | None:
+        if not isinstance(step.state, VideoState):
+            return TypeError(f"not a video-world state: {type(step.state).__name__}")
+        action = np.asarray(step.action, dtype=np.float32) if step.action is not None else None
+        if action is None or action.shape != (self.config.action_dim,) or not np.all(np.isfinite(action)):
+            return ValueError(f"the video world takes {self.config.action_dim} finite action values")
+        return None
 
     @torch.inference_mode()
     def predict(

@@ -306,20 +306,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latent-channels", type=int, default=16)
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--dynamics-width", type=int, default=32)
-    parser.add_argument("--ae-iterations", type=int, default=400)
-    parser.add_argument("--dyn-iterations", type=int, default=600)
-    parser.add_argument("--decoder-iterations", type=int, default=200)
-    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--ae-iterations", type=int, default=1500)
+    parser.add_argument("--dyn-iterations", type=int, default=1500)
+    parser.add_argument("--decoder-iterations", type=int, default=500)
+    parser.add_argument("--batch", type=int, default=24)
     parser.add_argument("--unroll", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--data", type=Path, default=None, help="cache of rendered episodes (.npz)")
     parser.add_argument("--out", type=Path, default=None, help="checkpoint dir (default: the shipped one)")
     parser.add_argument("--evaluate-only", action="store_true", help="report the checkpoint at --out")
 
 
 def _episodes(args: argparse.Namespace, name: str, count: int, seed: int, noise: tuple[float, ...]):
-    path = None if args.data is None else args.data.with_name(f"{args.data.stem}-{name}.npz")
+    tag = f"{name}-{count}x{args.steps}-seed{seed}-{args.image_size}px-noise{'_'.join(map(str, noise))}"
+    path = None if args.data is None else args.data.with_name(f"{args.data.stem}-{tag}.npz")
     if path is not None and path.exists():
         return VideoEpisodes.load(path)
     eps = collect(count, seed, noise, args.steps, args.image_size, log=_log)

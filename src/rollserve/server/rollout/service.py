@@ -680,13 +680,15 @@ def _start_from(inputs: dict[str, Any]) -> WorldInit | None:
 
 def _frames_of(out: WorldOutput) -> Frames | None:
     """A rendering world's images (uint8 HWC RGB) and state vector, checked before anything commits."""
-    if out.images is None:
+    if out.images is None and out.vector is None:
         return None
-    images = {}
-    for name, image in out.images.items():
-        image = np.ascontiguousarray(image)
-        check_image(image, f"world image {name!r}")
-        images[str(name)] = image
+    images = None
+    if out.images is not None:
+        images = {}
+        for name, image in out.images.items():
+            image = np.ascontiguousarray(image)
+            check_image(image, f"world image {name!r}")
+            images[str(name)] = image
     return Frames(vector=None if out.vector is None else as_float32(out.vector), images=images)
 
 
@@ -697,8 +699,9 @@ def _observation(tensor: np.ndarray, frames: Frames | None, quality: int, raw: b
     if frames is not None:
         if frames.vector is not None:
             out["state"] = frames.vector.tolist()
-        encode = encode_image if raw else image_to_json
-        out["images"] = {name: encode(image, quality) for name, image in frames.images.items()}
+        if frames.images is not None:
+            encode = encode_image if raw else image_to_json
+            out["images"] = {name: encode(image, quality) for name, image in frames.images.items()}
     return out
 
 

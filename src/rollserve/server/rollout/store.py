@@ -37,10 +37,11 @@ class RolloutError(Exception):
 
 @dataclass(frozen=True)
 class Frames:
-    """What a rendering session sees next to its tensor: the state vector and the camera images."""
+    """What a session sees next to its tensor when that is not the state: the state vector, and the
+    camera images of a rendering session."""
 
     vector: np.ndarray | None
-    images: dict[str, np.ndarray]
+    images: dict[str, np.ndarray] | None
 
 
 @dataclass(frozen=True)

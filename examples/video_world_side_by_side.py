@@ -1,0 +1,114 @@
+"""The simulator's camera frames next to the video world's imagined frames, for the same actions from
+the same start: an animated GIF and a PNG strip.
+
+    python examples/video_world_side_by_side.py --seed 3 --steps 40 --out-dir docs
+
+The scripted expert acts in the simulator; its actions are then replayed open-loop in the video world
+(``rollserve serve --world video``'s model, called in process through the same ``WorldModel`` API
+the server uses). Left / top: simulator. Right / bottom: video world. Trains nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import imageio.v2 as imageio
+import numpy as np
+
+from rollserve.models.world import RenderSpec, WorldInit, WorldStep
+from rollserve.models.worlds import load_world
+
+STRIP_STEPS = (0, 5, 10, 20, 30, 40)
+GAP = 2  # white pixels between panels
+
+
+def simulator_rollout(seed: int, steps: int, size: int, camera: str) -> tuple[list[np.ndarray], np.ndarray]:
+    """The expert's episode in the simulator: the camera frame before each action and after the last."""
+    from rollserve.sim.env import TabletopPickPlaceEnv
+    from rollserve.sim.expert import ScriptedExpert
+
+    env = TabletopPickPlaceEnv(image_size=(size, size), max_episode_steps=steps, terminate_on_success=False)
+    expert = ScriptedExpert()
+    obs, _ = env.reset(seed=seed)
+    expert.reset(obs)
+    frames, actions = [env.render_cameras()[camera]], []
+    for _ in range(steps):
+        action = expert.act(obs)
+        obs, *_ = env.step(action)
+        frames.append(env.render_cameras()[camera])
+        actions.append(action)
+    env.close()
+    return frames, np.asarray(actions, dtype=np.float32)
+
+
+def imagined_rollout(seed: int, actions: np.ndarray) -> list[np.ndarray]:
+    """The video world's frames for the same start and actions (open loop: it never sees the sim again)."""
+    world = load_world("video")
+    camera = world.spec.cameras[0]
+    height, width = world.spec.frame_size or (64, 64)
+    (start,) = world.initial_states([WorldInit(seed=seed, render=RenderSpec((camera,), height, width))])
+    if isinstance(start, BaseException):
+        raise start
+    frames, state = [start.images[camera]], start.state
+    for action in actions:
+        (out,) = world.step_batch([WorldStep(state, action)])
+        if isinstance(out, BaseException):
+            raise out
+        frames.append(out.images[camera])
+        state = out.state
+    world.close()
+    return frames
+
+
+def _scaled(image: np.ndarray, scale: int) -> np.ndarray:
+    return np.repeat(np.repeat(image, scale, axis=0), scale, axis=1)
+
+
+def side_by_side(sim: np.ndarray, model: np.ndarray, scale: int) -> np.ndarray:
+    a, b = _scaled(sim, scale), _scaled(model, scale)
+    gap = np.full((a.shape[0], GAP * scale, 3), 255, dtype=np.uint8)
+    return np.concatenate([a, gap, b], axis=1)
+
+
+def strip(sim: list[np.ndarray], model: list[np.ndarray], steps: tuple[int, ...], scale: int) -> np.ndarray:
+    """Top row: the simulator at ``steps``; bottom row: the video world at the same steps."""
+    rows = []
+    for frames in (sim, model):
+        tiles = []
+        for t in steps:
+            tiles.append(_scaled(frames[t], scale))
+            tiles.append(np.full((tiles[-1].shape[0], GAP * scale, 3), 255, dtype=np.uint8))
+        rows.append(np.concatenate(tiles[:-1], axis=1))
+    gap = np.full((GAP * scale, rows[0].shape[1], 3), 255, dtype=np.uint8)
+    return np.concatenate([rows[0], gap, rows[1]], axis=0)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Path]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--scale", type=int, default=2, help="pixel repeat factor of the PNG strip")
+    parser.add_argument("--gif-scale", type=int, default=1, help="pixel repeat factor of the GIF")
+    parser.add_argument("--out-dir", type=Path, default=Path("."))
+    parser.add_argument("--name", default="video_world_side_by_side")
+    args = parser.parse_args(argv)
+    world_frames_size = 64
+    sim, actions = simulator_rollout(args.seed, args.steps, world_frames_size, "exterior")
+    model = imagined_rollout(args.seed, actions)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    gif = args.out_dir / f"{args.name}.gif"
+    png = args.out_dir / f"{args.name}.png"
+    movie = [side_by_side(s, m, args.gif_scale) for s, m in zip(sim, model, strict=True)]
+    imageio.mimsave(gif, movie, duration=100, loop=0)
+    steps = tuple(t for t in STRIP_STEPS if t <= args.steps)
+    imageio.imwrite(png, strip(sim, model, steps, args.scale))
+    errors = [float(np.sqrt(np.mean((s / 255.0 - m / 255.0) ** 2))) for s, m in zip(sim, model, strict=True)]
+    for t in steps:
+        print(f"step {t:3d}: RMSE {errors[t]:.3f} (pixels in [0, 1])")
+    print(f"wrote {gif} and {png}")
+    return {"gif": gif, "png": png}
+
+
+if __name__ == "__main__":
+    main()

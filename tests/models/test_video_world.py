@@ -1,0 +1,108 @@
+"""The shipped video world model, loaded the way ``rollserve serve --world video`` loads it.
+
+Its latent is the encoder's output for the simulator's start frame (computed here independently);
+it is functional (a step never changes its input, the same input gives the same output, a bad item
+fails alone), batching is one model call whose rows equal single steps, and the decoded frames and
+state are what a client sees.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from rollserve.models.video_world import (
+    FORMAT,
+    VideoState,
+    VideoWorld,
+    default_checkpoint_dir,
+    uint8_to_frames,
+)
+from rollserve.models.world import RenderSpec, WorldInit, WorldStep
+from rollserve.models.worlds import load_world
+from rollserve.sim.env import TabletopPickPlaceEnv
+
+
+@pytest.fixture(scope="module")
+def world() -> VideoWorld:
+    world = load_world("video")
+    assert isinstance(world, VideoWorld)
+    yield world
+    world.close()
+
+
+def test_checkpoint_is_small_safetensors_with_its_training_record() -> None:
+    path = default_checkpoint_dir()
+    assert (path / "model.safetensors").stat().st_size < 20 * 1024 * 1024
+    config = json.loads((path / "config.json").read_text())
+    assert config["format"] == FORMAT and config["image_size"] >= 64
+    report = config["training"]["evaluation"]["horizon_steps"]
+    assert {"1", "10", "40"} <= set(report)
+
+
+def test_start_latent_is_the_encoding_of_the_simulators_start_frame(world: VideoWorld) -> None:
+    cfg = world.config
+    (out,) = world.initial_states([WorldInit(seed=5)])
+    env = TabletopPickPlaceEnv(image_size=(cfg.image_size, cfg.image_size))
+    obs, _ = env.reset(seed=5)
+    frame = env.render_cameras()[cfg.camera]
+    env.close()
+    with torch.inference_mode():
+        latent = world.net.encode(torch.as_tensor(uint8_to_frames(frame[None]))).numpy()
+    assert out.observation.shape == (1, *cfg.latent_shape) and out.observation.dtype == np.float32
+    np.testing.assert_allclose(out.observation, latent, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(out.vector, obs["state"])
+    assert out.images is None  # frames are decoded only for sessions that render
+
+
+def start(world: VideoWorld, seed: int, render: bool = True) -> VideoState:
+    spec = RenderSpec((world.config.camera,), world.config.image_size, world.config.image_size)
+    (out,) = world.initial_states([WorldInit(seed=seed, render=spec if render else None)])
+    return out.state
+
+
+def test_steps_are_functional_and_batching_matches_single_steps(world: VideoWorld) -> None:
+    states = [start(world, seed) for seed in range(3)]
+    actions = [np.r_[s.vector[:7] + 0.1 * (k + 1), 0.5].astype(np.float32) for k, s in enumerate(states)]
+    before = [(s.latent.copy(), s.vector.copy()) for s in states]
+    batched = world.step_batch([WorldStep(s, a) for s, a in zip(states, actions, strict=True)])
+    singles = [world.step_batch([WorldStep(s, a)])[0] for s, a in zip(states, actions, strict=True)]
+    again = world.step_batch([WorldStep(states[0], actions[0])])[0]
+    for s, (latent, vector) in zip(states, before, strict=True):  # inputs untouched
+        np.testing.assert_array_equal(s.latent, latent)
+        np.testing.assert_array_equal(s.vector, vector)
+        assert not s.latent.flags.writeable
+    np.testing.assert_array_equal(again.observation, singles[0].observation)
+    for b, one in zip(batched, singles, strict=True):
+        np.testing.assert_allclose(b.observation, one.observation, atol=1e-4)
+        np.testing.assert_allclose(b.vector, one.vector, atol=1e-4)
+        image = b.images[world.config.camera]
+        assert image.dtype == np.uint8 and image.shape == (64, 64, 3)
+        assert not np.array_equal(b.observation[0], states[0].latent)  # the latent moved
+
+
+def test_a_bad_item_fails_alone(world: VideoWorld) -> None:
+    good = start(world, 1, render=False)
+    outs = world.step_batch(
+        [
+            WorldStep(good, np.zeros(8, np.float32)),
+            WorldStep("not a state", np.zeros(8, np.float32)),
+            WorldStep(good, np.full(8, np.nan, np.float32)),
+        ]
+    )
+    assert outs[0].images is None and outs[0].observation.shape[0] == 1
+    assert isinstance(outs[1], TypeError) and isinstance(outs[2], ValueError)
+
+
+def test_wrong_render_requests_and_start_states_are_refused(world: VideoWorld) -> None:
+    outs = world.initial_states(
+        [
+            WorldInit(seed=0, render=RenderSpec(("wrist",), 64, 64)),
+            WorldInit(seed=0, render=RenderSpec(("exterior",), 32, 32)),
+            WorldInit(state=np.zeros(13, np.float32)),
+        ]
+    )
+    assert all(isinstance(o, ValueError) for o in outs)
