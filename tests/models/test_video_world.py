@@ -106,3 +106,13 @@ def test_wrong_render_requests_and_start_states_are_refused(world: VideoWorld) -
         ]
     )
     assert all(isinstance(o, ValueError) for o in outs)
+
+
+def test_actions_far_outside_the_data_keep_the_rollout_finite(world: VideoWorld) -> None:
+    state = start(world, 2)
+    low, high = np.asarray(world.spec.action_low), np.asarray(world.spec.action_high)
+    rng = np.random.default_rng(0)
+    for _ in range(30):  # random joint targets over the whole range: nothing like the expert's data
+        (out,) = world.step_batch([WorldStep(state, rng.uniform(low, high).astype(np.float32))])
+        state = out.state
+        assert np.all(np.isfinite(out.observation)) and np.all(np.isfinite(out.vector))

@@ -42,6 +42,10 @@ FORMAT = "rollserve.video_world_model"
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+LATENT_BOUND = 50.0
+"""Latents of real frames stay within about +-13; predictions are clamped to +-50."""
+STATE_BOUND = 4.0
+"""Joint angles (rad) and positions (m) of this task stay well inside +-4 (as in the sim world)."""
 
 
 @dataclass(frozen=True)
@@ -342,6 +346,9 @@ class VideoWorld:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """One batched step; frames (uint8 HWC) are decoded only for the rows that want them."""
         z, s = self.net.step(torch.as_tensor(latents), torch.as_tensor(vectors), torch.as_tensor(actions))
+        # far outside the training data a rollout can diverge; keep it finite (and nonsense)
+        z = torch.nan_to_num(z).clamp(-LATENT_BOUND, LATENT_BOUND)
+        s = torch.nan_to_num(s).clamp(-STATE_BOUND, STATE_BOUND)
         frames = None
         rows = np.arange(len(latents)) if want_frames is None else np.flatnonzero(want_frames)
         if len(rows):
