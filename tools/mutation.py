@@ -41,10 +41,15 @@ class CoreModule:
 
 
 MODULES: dict[str, CoreModule] = {
-    "wire": CoreModule(("src/rollserve/wire/*.py",), ("tests/wire",)),
+    "wire": CoreModule(("src/rollserve/wire/*.py",), ("tests/wire",), ("--hypothesis-profile=mutation",)),
     "rtc": CoreModule(("src/rollserve/rtc/*.py",), ("tests/rtc",)),
-    # The late-worker variants check timing robustness, not logic: run them once, prompt only.
-    "engine": CoreModule(("src/rollserve/engine/batcher.py",), ("tests/engine",), ("-k", "not late-worker")),
+    # Timing-robustness variants (late worker) and the inline tests that measure the model's speed
+    # (mutation tracing makes every call slow) are left out; the logic is covered by the rest.
+    "engine": CoreModule(
+        ("src/rollserve/engine/batcher.py",),
+        ("tests/engine",),
+        ("-k", "not late-worker and not cheap_model and not turns_slow and not slower_than"),
+    ),
     "request_path": CoreModule(
         ("src/rollserve/engine/request_path.py",),
         ("tests/server/test_policy_service.py", "tests/server/test_request_path.py"),

@@ -121,3 +121,19 @@ def test_each_setting_changes_the_chunk_and_beta_zero_means_no_guidance() -> Non
     no_weight = _chunk(RTCConfig(enabled=True, execution_horizon=10, max_guidance_weight=0.0))
     np.testing.assert_allclose(no_weight, unguided, atol=1e-6)
     assert np.abs(reference - unguided).max() > 1e-2
+
+
+def test_the_flow_time_has_the_chunks_dtype_in_guided_and_plain_steps() -> None:
+    seen: list[torch.dtype] = []
+
+    def velocity(x: torch.Tensor, state: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+        seen.append(tau.dtype)
+        return x * tau[:, None, None]
+
+    noise = torch.ones(1, 4, 2, dtype=torch.float64)
+    weights = torch.ones(1, 4, dtype=torch.float64)
+    sample_chunks(velocity, torch.zeros(1, 1), noise, num_steps=2)
+    sample_chunks(
+        velocity, torch.zeros(1, 1), noise, num_steps=2, prefix=torch.zeros_like(noise), weights=weights
+    )
+    assert seen == [torch.float64] * 4

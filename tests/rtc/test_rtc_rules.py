@@ -73,6 +73,10 @@ def test_a_delay_hint_that_differs_from_what_ran_is_logged(caplog: pytest.LogCap
         queue.merge(_chunk(0), _chunk(100), real_delay=1, action_index_before_inference=0)  # 1 ran: quiet
         queue.merge(_chunk(0), _chunk(100), real_delay=2, action_index_before_inference=0)  # 0 ran
         queue.merge(_chunk(0), _chunk(100), real_delay=3, action_index_before_inference=None)  # unknown
+        queue.merge(_chunk(0), _chunk(100), real_delay=0, action_index_before_inference=None)  # 4 queued
+        queue.get()
+        queue.get()
+        queue.merge(_chunk(0), _chunk(100), real_delay=1, action_index_before_inference=1)  # 2 - 1 ran: quiet
     assert [r.getMessage() for r in caplog.records] == ["delay hint 2, but 0 actions ran during inference"]
 
 
