@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit_json, percentile, print_table
+from common import emit_json, percentile, print_table, ratio
 from loopback import (
     ROBOTS,
     RobotPool,
@@ -178,10 +178,8 @@ def report(layout: str, clients: int, trips: dict[str, Any], rates: dict[str, An
     rows = []
     for name, s in trips.items():
         s["over_floor_ms"] = s["p50_ms"] - floor["p50_ms"]
-        s["p50_x_peer"] = s["p50_ms"] / peer["p50_ms"]
-        s["cpu_x_peer"] = (
-            s["server_cpu_us"] / peer["server_cpu_us"] if peer["server_cpu_us"] else float("nan")
-        )
+        s["p50_x_peer"] = ratio(s["p50_ms"], peer["p50_ms"])
+        s["cpu_x_peer"] = ratio(s["server_cpu_us"], peer["server_cpu_us"])
         rows.append(
             [name, s["p50_ms"], spread(s["round_p50_ms"]), s["over_floor_ms"], s["p99_ms"], s["p50_x_peer"],
              s["server_cpu_us"], s["cpu_x_peer"]]
@@ -196,8 +194,8 @@ def report(layout: str, clients: int, trips: dict[str, Any], rates: dict[str, An
         return
     rows = []
     for name, s in rates.items():
-        s["x_peer"] = s["requests_per_s"] / rates[PEER]["requests_per_s"]
-        s["x_floor"] = s["requests_per_s"] / rates[FLOOR]["requests_per_s"]
+        s["x_peer"] = ratio(s["requests_per_s"], rates[PEER]["requests_per_s"])
+        s["x_floor"] = ratio(s["requests_per_s"], rates[FLOOR]["requests_per_s"])
         rows.append(
             [name, s["requests_per_s"], spread(s["repeat_requests_per_s"]), s["x_peer"], s["x_floor"],
              s["p50_ms"], s["server_cpu_us"]]

@@ -35,6 +35,11 @@ def median_seconds(fn: Callable[[], Any], *, repeats: int, inner: int) -> float:
     return statistics.median(samples)
 
 
+def ratio(value: float, baseline: float) -> float:
+    """``value / baseline``, NaN when the baseline measured nothing (a starved window on a loaded box)."""
+    return value / baseline if baseline else float("nan")
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:

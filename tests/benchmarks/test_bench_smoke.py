@@ -39,7 +39,7 @@ def test_codec() -> None:
 def test_roundtrip() -> None:
     result = run_benchmark(
         "bench_roundtrip.py", "--rounds", "1", "--requests", "3", "--cameras", "1", "--side", "16",
-        "--layouts", "libero", "--clients", "2", "--duration", "0.3", "--repeats", "1",
+        "--layouts", "libero", "--clients", "2", "--duration", "1.0", "--repeats", "1",
     )  # fmt: skip
     assert result["benchmark"] == "roundtrip"
     libero = result["layouts"]["libero"]
@@ -64,7 +64,7 @@ def test_many_robots() -> None:
         "1",
         "2",
         "--duration",
-        "0.3",
+        "1.0",
         "--repeats",
         "1",
     )
