@@ -228,3 +228,58 @@ def test_a_batched_policy_returning_the_wrong_number_of_chunks_is_retried_one_by
     results = path.run_batch(items)
     assert [r.header.seq_id for r in results] == [0, 1]  # type: ignore[union-attr]
     assert policy.batch_sizes == [2, 1, 1]
+
+
+def test_each_stage_names_itself_in_the_error() -> None:
+    class Raises(ChunkPolicy):
+        def predict_action_chunks(self, requests: list[PolicyRequest]) -> list[np.ndarray]:
+            raise RuntimeError("boom")
+
+    def run(policy: Any, session: LocalSession | None = None) -> PolicyError:
+        with pytest.raises(PolicyError) as info:
+            PolicyRequestPath(policy).run_inference_request(
+                session or _session(policy), MsgHeader(), ObservationMsg(state=STATE)
+            )
+        assert info.value.code == INFERENCE_ERROR
+        return info.value
+
+    assert run(Raises()).message == "policy failed: RuntimeError: boom"
+    policy = ChunkPolicy()
+
+    def bad_post(chunk: np.ndarray) -> np.ndarray:
+        raise ValueError("bad scale")
+
+    assert run(policy, LocalSession(Processors(policy.preprocess, bad_post))).message == (
+        "post-processing failed: ValueError: bad scale"
+    )
+    narrow = LocalSession(Processors(policy.preprocess, lambda chunk: chunk[:, :5]))
+    assert run(policy, narrow).message == "post-processor returned shape (20, 5), expected (steps, 6)"
+    assert (
+        run(_Returns(np.full((20, 6), np.nan))).message == "policy returned non-finite actions (NaN or inf)"
+    )
+
+
+def test_grad_tracking_tensors_are_detached_and_float64_overflow_is_refused_quietly() -> None:
+    import warnings
+
+    chunk = torch.ones(20, 6, requires_grad=True)
+    policy = _Returns(chunk * 2)
+    reply = PolicyRequestPath(policy).run_inference_request(
+        _session(policy), MsgHeader(), ObservationMsg(state=STATE)
+    )
+    np.testing.assert_array_equal(reply.chunk_model, np.full((20, 6), 2.0, np.float32))
+    huge = _Returns(np.full((20, 6), 1e39))  # beyond float32: becomes inf, refused without a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(PolicyError, match="non-finite"):
+            PolicyRequestPath(huge).run_inference_request(
+                _session(huge), MsgHeader(), ObservationMsg(state=STATE)
+            )
+
+
+def test_inference_time_is_reported_in_milliseconds() -> None:
+    policy = ChunkPolicy(latency_s=0.02)
+    reply = PolicyRequestPath(policy).run_inference_request(
+        _session(policy), MsgHeader(), ObservationMsg(state=STATE)
+    )
+    assert reply.inference_ms >= 20.0  # a lower bound only: a busy machine is only slower
