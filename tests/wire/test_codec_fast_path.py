@@ -12,12 +12,19 @@ import dataclasses
 import hashlib
 import threading
 from typing import Any
+from unittest import mock
 
+import msgpack
 import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from rollserve.wire import ActionChunkMsg, MsgHeader, ObservationMsg, encode_message
-from rollserve.wire.codec import decode_action_chunk, decode_observation, pack_frame, packb
+from rollserve.wire import ActionChunkMsg, MsgHeader, ObservationMsg, encode_message, msgpack_codec
+from rollserve.wire.codec import decode_action_chunk, decode_observation, pack_frame, packb, unpackb
+from rollserve.wire.errors import MALFORMED_FRAME, TOO_MANY_OBJECTS, WireError
 from rollserve.wire.images import encode_image
+from rollserve.wire.limits import DEFAULT_LIMITS, WireLimits
 
 
 def _chunk_message() -> ActionChunkMsg:
@@ -129,3 +136,87 @@ def test_threads_encoding_at_once_each_get_their_own_bytes() -> None:
     for thread in threads:
         thread.join()
     assert failures == []
+
+
+# -- decoding: a small document skips the per-container budget hooks ----------------------------------
+_TIMESTAMP_SPELLINGS = [
+    msgpack.packb(msgpack.Timestamp(1, 0)),  # fixext 4
+    msgpack.packb(msgpack.Timestamp(1, 5)),  # fixext 8
+    msgpack.packb(msgpack.Timestamp(2**40, 5)),  # ext 8, 12 bytes
+    b"\xc7\x04\xff" + bytes(4),  # ext 8 holding 4 bytes
+    b"\xc8\x00\x08\xff" + bytes(8),  # ext 16 holding 8 bytes
+    b"\xc9\x00\x00\x00\x0c\xff" + bytes(12),  # ext 32 holding 12 bytes
+]
+
+
+@pytest.mark.parametrize("timestamp", _TIMESTAMP_SPELLINGS)
+def test_every_spelling_of_a_timestamp_takes_the_counted_path_and_is_refused(timestamp: bytes) -> None:
+    document = b"\x82\xa1a\x01\xa1b" + timestamp  # {"a": 1, "b": <timestamp>}
+    assert not msgpack_codec._budget_cannot_run_out(document, DEFAULT_LIMITS, len(document))
+    with pytest.raises(WireError) as info:
+        unpackb(document)
+    assert info.value.code == MALFORMED_FRAME
+    frame = msgpack_codec.FRAME_MAGIC + len(document).to_bytes(4, "little") + document
+    with pytest.raises(WireError):
+        unpackb(frame)
+
+
+def test_only_documents_whose_budget_cannot_run_out_skip_counting() -> None:
+    small = packb({"a": [1, 2, 3]})
+    assert msgpack_codec._budget_cannot_run_out(small, DEFAULT_LIMITS, len(small))
+    large = packb([{}] * 3000)  # 3,000 containers in 3,003 bytes: over the floor of 1,024
+    assert not msgpack_codec._budget_cannot_run_out(large, DEFAULT_LIMITS, len(large))
+    tight = WireLimits(container_floor=2, bytes_per_container=10**9)  # 2 containers allowed
+    nested = packb([[], []])  # 3 containers in 3 bytes
+    assert not msgpack_codec._budget_cannot_run_out(nested, tight, len(nested))
+    with pytest.raises(WireError) as info:
+        unpackb(nested, tight)
+    assert info.value.code == TOO_MANY_OBJECTS
+    few_values = WireLimits(max_objects=3)
+    assert not msgpack_codec._budget_cannot_run_out(small, few_values, len(small))
+
+
+def test_the_session_messages_take_the_uncounted_path() -> None:
+    frame = encode_message(_chunk_message())
+    header_len = int.from_bytes(frame[4:8], "little")
+    header = memoryview(frame)[8 : 8 + header_len]
+    assert msgpack_codec._budget_cannot_run_out(header, DEFAULT_LIMITS, len(frame))
+
+
+_leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8)
+    | st.binary(max_size=8)
+    | st.builds(msgpack.Timestamp, st.integers(0, 2**34), st.integers(0, 999_999_999))
+)
+_documents = st.recursive(
+    _leaves,
+    lambda inner: (
+        st.lists(inner, max_size=5)
+        | st.dictionaries(st.text(max_size=4) | st.binary(max_size=4), inner, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+def _outcome(data: bytes, limits: WireLimits) -> Any:
+    try:
+        return ("value", unpackb(data, limits))
+    except WireError as exc:
+        return ("error", exc.code)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_documents, st.sampled_from([DEFAULT_LIMITS, WireLimits(container_floor=3, max_objects=12)]))
+def test_skipping_the_count_never_changes_what_a_document_decodes_to(
+    document: Any, limits: WireLimits
+) -> None:
+    data = msgpack.packb(document, use_bin_type=True)
+    fast = _outcome(data, limits)
+    counted_only = mock.patch.object(msgpack_codec, "_budget_cannot_run_out", lambda *args: False)
+    with counted_only:
+        counted = _outcome(data, limits)
+    assert fast == counted

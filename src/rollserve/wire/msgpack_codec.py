@@ -161,8 +161,69 @@ def _refuse_ext(code: int, data: bytes) -> Any:
     raise WireError(MALFORMED_FRAME, f"msgpack extension type {code} is not accepted")
 
 
+def _tensor_hook(limits: WireLimits, payload: memoryview | None):  # type: ignore[no-untyped-def]
+    """The ``object_hook`` of a document whose budget cannot run out: tensors and scalars only."""
+
+    def object_hook(obj: dict[Any, Any]) -> Any:
+        if NDARRAY_KEY in obj:
+            return decode_array(obj, limits, payload if OOB_KEY in obj else None)
+        if NPGENERIC_KEY in obj:
+            return decode_scalar(obj)
+        return obj
+
+    return object_hook
+
+
+_SMALL_DOCUMENT = 4096  # bytes: a document this small decodes in microseconds, nothing to yield for
+_LENGTHS = (4, 8, 12)  # the sizes a Timestamp's data may have
+
+
+def _may_hold_timestamp(data: bytes) -> bool:
+    """Whether ``data`` may spell a Timestamp (extension type -1, a 0xff byte, holding 4, 8 or 12
+    bytes: fixext 4 or 8, ext 8/16/32). A match may be data that merely looks like one: that only
+    costs the counted path, which refuses real ones."""
+    at = data.find(b"\xff")
+    while at >= 0:
+        if at >= 1 and data[at - 1] in (0xD6, 0xD7):
+            return True
+        if (
+            at >= 2
+            and data[at - 1] in _LENGTHS
+            and (
+                data[at - 2] == 0xC7
+                or data[at - 3 : at - 1] == b"\xc8\x00"
+                or data[at - 5 : at - 1] == b"\xc9\x00\x00\x00"
+            )
+        ):
+            return True
+        at = data.find(b"\xff", at + 1)
+    return False
+
+
+def _budget_cannot_run_out(data: Any, limits: WireLimits, size: int) -> bool:
+    """True when counting containers and values while unpacking ``data`` cannot fail, and it
+    holds no Timestamp: then the per-container hooks are skipped (a session message's header).
+
+    Every container and every value takes at least one byte, and a value is counted at most twice
+    (as an entry of its parent and, being a container, as itself), so ``n`` bytes hold at most
+    ``n`` containers and ``2n`` counted values.
+    """
+    if type(data) is not bytes and not (type(data) is memoryview and data.format == "B" and data.contiguous):
+        return False
+    n = len(data)
+    return (
+        n <= _SMALL_DOCUMENT
+        and n <= limits.container_budget(size)
+        and 2 * n <= limits.max_objects
+        and not _may_hold_timestamp(data if type(data) is bytes else bytes(data))
+    )
+
+
 def _unpack(data: Any, limits: WireLimits, size: int, payload: memoryview | None = None) -> Any:
-    object_hook, list_hook = _hooks(limits, size, payload)
+    if _budget_cannot_run_out(data, limits, size):
+        object_hook, list_hook = _tensor_hook(limits, payload), None
+    else:
+        object_hook, list_hook = _hooks(limits, size, payload)
     try:
         value = msgpack.unpackb(
             data,

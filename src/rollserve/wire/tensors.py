@@ -22,6 +22,14 @@ OOB_KEY = b"oob"  # out-of-band framing: [offset, nbytes] into the frame's paylo
 ALLOWED_KINDS = frozenset("biuf")
 
 
+# The dtype strings senders actually write (``dtype.str``), parsed once: decoding a tensor looks
+# them up instead of going through the checks and the cache below, with the same result.
+_COMMON_DTYPES: dict[str, np.dtype] = {
+    np.dtype(name).str: np.dtype(name)
+    for name in ("b1", "u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8", "f2", "f4", "f8")
+}
+
+
 def check_dtype(dtype_str: Any) -> np.dtype:
     """Parse a wire dtype string, refusing anything that is not a plain little-endian number."""
     if isinstance(dtype_str, bytes):
@@ -90,11 +98,6 @@ def encode_scalar(value: np.generic) -> dict[bytes, Any]:
     return {NPGENERIC_KEY: True, b"data": value.item(), b"dtype": value.dtype.str}
 
 
-def _natural_numbers(values: Any, max_len: int) -> bool:
-    """A list of at most ``max_len`` non-negative ints (bool excluded): out-of-band pointers."""
-    return _product(values, max_len) >= 0
-
-
 def _product(values: Any, max_len: int) -> int:
     """The product of a list of at most ``max_len`` non-negative ints (bool excluded), else -1.
 
@@ -117,7 +120,10 @@ def decode_array(
 
     Inline maps carry their bytes in ``data``; out-of-band maps point into ``payload``.
     """
-    dtype = check_dtype(obj.get(b"dtype"))
+    dtype_str = obj.get(b"dtype")
+    dtype = _COMMON_DTYPES.get(dtype_str) if type(dtype_str) is str else None
+    if dtype is None:
+        dtype = check_dtype(dtype_str)
     shape = obj.get(b"shape")
     count = _product(shape, limits.max_tensor_dims)
     if count < 0:
@@ -135,7 +141,7 @@ def decode_array(
             data = memoryview(data).toreadonly()  # a view must never write into the sender's buffer
     else:
         pointer = obj.get(OOB_KEY)
-        if not _natural_numbers(pointer, 2) or len(pointer) != 2:
+        if type(pointer) is not list or len(pointer) != 2 or _product(pointer, 2) < 0:
             raise WireError(MALFORMED_FRAME, "out-of-band tensor pointer must be [offset, nbytes]")
         offset, nbytes = pointer
         if offset + nbytes > len(payload):
