@@ -3,7 +3,9 @@
 rollserve's codec vs openpi-client's msgpack_numpy vs pickle, and vs a raw memory copy of the same
 bytes (the physical floor). The machine is shared and noisy, so every variant of a case is timed in
 the same rounds, interleaved (each round times every variant once, in a rotating order), and the
-ratios are medians of per-round ratios against openpi-client and against the memcopy.
+ratios are medians of per-round ratios against openpi-client and against the memcopy. The clock
+is this thread's CPU time by default (``--clock cpu``): the codec is CPU-bound, and on a shared box
+wall time mostly measures who else got the cores (``--clock wall`` to see it anyway).
 
 ``--baseline-src DIR`` adds "before" variants: the same cases run by a worker process importing
 rollserve from ``DIR``, timed in the same rounds (an A/B in one run).
@@ -94,6 +96,10 @@ def codec_cases(cameras: int, jpeg: bool = True) -> dict[str, dict[str, Callable
             "rollserve": lambda: unpackb(packb(reply)),
             "openpi-client": lambda: msgpack_numpy.unpackb(msgpack_numpy.packb(reply)),
         },
+        "openpi reply 50x8, encode only (the server's share)": {
+            "rollserve": lambda: packb(reply),
+            "openpi-client": lambda: msgpack_numpy.packb(reply),
+        },
     }
     if jpeg:
         cases["observation (JPEG q90)"] = {
@@ -102,11 +108,15 @@ def codec_cases(cameras: int, jpeg: bool = True) -> dict[str, dict[str, Callable
     return cases
 
 
+CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
+_clock = CLOCKS["cpu"]
+
+
 def _time(fn: Callable[[], Any], inner: int) -> float:
-    start = time.perf_counter()
+    start = _clock()
     for _ in range(inner):
         fn()
-    return (time.perf_counter() - start) / inner
+    return (_clock() - start) / inner
 
 
 def _worker(cameras: int) -> None:
@@ -123,10 +133,10 @@ def _worker(cameras: int) -> None:
 class _Baseline:
     """A worker process importing rollserve from another source tree."""
 
-    def __init__(self, src: str, cameras: int) -> None:
+    def __init__(self, src: str, cameras: int, clock: str) -> None:
         env = {**os.environ, "PYTHONPATH": src}
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--worker", "--cameras", str(cameras)],
+            [sys.executable, __file__, "--worker", "--cameras", str(cameras), "--clock", clock],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
 
@@ -153,8 +163,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 41, quick 11)")
     parser.add_argument("--cameras", type=int, default=2)
     parser.add_argument("--baseline-src", default=None, help="also time rollserve imported from this src dir")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu", help="thread CPU time or wall time")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    global _clock
+    _clock = CLOCKS[args.clock]
     if args.worker:
         _worker(args.cameras)
         return {}
@@ -162,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     inner = {"observation": 20, "action": 200, "openpi": 200}  # calls per timing, by case prefix
 
     cases = codec_cases(args.cameras)
-    baseline = _Baseline(args.baseline_src, args.cameras) if args.baseline_src else None
+    baseline = _Baseline(args.baseline_src, args.cameras, args.clock) if args.baseline_src else None
     samples: dict[str, dict[str, list[float]]] = {case: {} for case in cases}
     try:
         for round_index in range(rounds):
@@ -182,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             baseline.close()
 
     payload_mb = sum(a.nbytes for a in make_observation(args.cameras)["images"].values()) / 1e6
-    results: dict[str, Any] = {"payload_mb": payload_mb, "rounds": rounds, "cases": {}}
+    results: dict[str, Any] = {"payload_mb": payload_mb, "rounds": rounds, "clock": args.clock, "cases": {}}
     rows = []
     for case, by_name in samples.items():
         reference = by_name.get("openpi-client")
@@ -203,8 +216,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             }
             rows.append([case, name, median_us, _spread(values), ratio(reference), ratio(floor)])
     print_table(
-        f"Codec round trip (encode + decode), {rounds} interleaved rounds; {args.cameras} cameras "
-        f"224x224 RGB = {payload_mb:.2f} MB",
+        f"Codec round trip (encode + decode), {args.clock} time, {rounds} interleaved rounds; "
+        f"{args.cameras} cameras 224x224 RGB = {payload_mb:.2f} MB",
         ["case", "codec", "median us", "IQR us", "x openpi-client", "x memcopy"],
         rows,
     )
