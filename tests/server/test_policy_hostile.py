@@ -3,6 +3,7 @@ prefixes, NaN model output, oversized messages cut off while they stream."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
 from typing import Any
@@ -161,3 +162,27 @@ def test_one_address_may_hold_only_its_share_of_connections() -> None:
             assert isinstance(_observe(first, 1), ActionChunkMsg)
         with _session(server) as again:  # released when they closed
             assert isinstance(_observe(again, 1), ActionChunkMsg)
+
+
+def test_observations_with_raw_cameras_are_decoded_on_the_loop_and_floods_on_a_thread(
+    running: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hops: list[object] = []
+    real = asyncio.to_thread
+
+    async def counting(func: Any, /, *args: Any, **kwargs: Any) -> Any:
+        hops.append(func)
+        return await real(func, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "to_thread", counting)
+    cameras = {"cam0": np.zeros((160, 160, 3), np.uint8), "cam1": np.zeros((160, 160, 3), np.uint8)}
+    many_maps = msgpack_numpy.packb({"pad": "x" * 70_000, "maps": [{}] * 4000})  # 74 kB, 4001 maps
+    with connect(running.ws_url, max_size=None, compression=None) as ws:
+        msgpack_numpy.unpackb(ws.recv(timeout=10))
+        ws.send(msgpack_numpy.packb({"state": STATE, "images": cameras}))  # 154 kB of plain msgpack
+        assert msgpack_numpy.unpackb(ws.recv(timeout=10))["actions"].shape == (20, 6)
+        assert hops == []  # no hand-off for a real observation
+        ws.send(many_maps)  # within the full budget, over the inline one
+        reply = ws.recv(timeout=10)
+        assert isinstance(reply, str) and reply.startswith("bad_observation"), reply
+        assert len(hops) == 1  # decoded again, with the full budget, off the loop

@@ -6,15 +6,18 @@ an observation that waits for the engine is awaited in its own task, so a connec
 (a newer observation can supersede a waiting one) and every other connection keeps being served.
 Every rejection is a typed reply; tracebacks stay in the server log.
 
-Decoding stays on the event loop only while it is cheap: a frame whose msgpack part exceeds
-64 KiB, or that carries a JPEG to decompress, is decoded on a worker thread (about 0.1 ms for the
-hand-off, paid only by such frames). Each client address may hold ``max_connections_per_client``
-connections, and a connection that sends nothing for ``policy_idle_timeout_s`` is closed.
+Decoding stays on the event loop only while it is cheap (see ``_decode``): a frame with a JPEG to
+decompress, a big msgpack part, or many small objects is decoded on a worker thread (about 0.2 ms
+of server CPU for the hand-off, paid only by such frames). Each client address may hold
+``max_connections_per_client`` connections, and a connection that sends nothing for
+``policy_idle_timeout_s`` is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import logging
 import time
 import uuid
@@ -53,14 +56,16 @@ from rollserve.wire import (
     packb,
     unpackb,
 )
-from rollserve.wire.errors import MALFORMED_FRAME
+from rollserve.wire.errors import MALFORMED_FRAME, TOO_MANY_OBJECTS
 from rollserve.wire.msgpack_codec import FRAME_MAGIC
 
 logger = logging.getLogger(__name__)
 
 SESSION_PATH = "/v1/policy/ws"
 OPENPI_PATH = "/"
-_OFFLOAD_BYTES = 64 * 1024  # msgpack parts larger than this are decoded off the event loop
+_OFFLOAD_BYTES = 64 * 1024  # msgpack parts larger than this are decoded off the event loop ...
+_INLINE_BYTES = 4 * 1024 * 1024  # ... unless below this and cheap: few maps and lists (see _decode)
+_INLINE_CONTAINERS = 2048  # a real observation has tens; a flood bails out after ~1 ms
 _JPEG_TAG = b"\xa4jpeg"  # the msgpack string "jpeg": an image map's format
 _DISCONNECT = "websocket.disconnect"
 
@@ -95,17 +100,40 @@ async def _admitted(websocket: WebSocket, limiter: AddressLimiter, run: Any) -> 
         limiter.release(address)
 
 
-def _heavy(data: bytes) -> bool:
-    """Whether decoding may take long: a big msgpack part (out-of-band payloads are only viewed,
-    never parsed), or a JPEG to decompress. Cheap: two int reads and one bounded search."""
-    size = len(data)
-    if data[:4] == FRAME_MAGIC and size >= 8:
-        size = min(size, 8 + int.from_bytes(data[4:8], "little"))
-    return size > _OFFLOAD_BYTES or data.find(_JPEG_TAG, 0, size) >= 0
+def _msgpack_bytes(data: bytes) -> int:
+    """The size of the part msgpack parses: a framed frame's header (its out-of-band payload is
+    only viewed, never parsed), else the whole frame."""
+    if data[:4] == FRAME_MAGIC and len(data) >= 8:
+        return min(len(data), 8 + int.from_bytes(data[4:8], "little"))
+    return len(data)
 
 
 async def _decode(decoder: Any, data: bytes, limits: WireLimits) -> Any:
-    return await asyncio.to_thread(decoder, data, limits) if _heavy(data) else decoder(data, limits)
+    """Decode on the event loop while that is cheap, else on a worker thread.
+
+    A frame with a JPEG, or a msgpack part above 4 MiB, always goes to the thread. One between
+    64 KiB and 4 MiB (an openpi observation with raw cameras: plain msgpack, mostly bytes) is first
+    decoded on the loop with a budget of 2048 maps and lists, which a real observation never nears;
+    a flood of small objects hits it within about a millisecond and is decoded again on the thread
+    with the full limits, so only such frames pay the hand-off.
+    """
+    size = _msgpack_bytes(data)
+    if data.find(_JPEG_TAG, 0, size) < 0 and size <= _INLINE_BYTES:
+        if size <= _OFFLOAD_BYTES:
+            return decoder(data, limits)
+        try:
+            return decoder(data, _inline_limits(limits))
+        except WireError as exc:
+            if exc.code != TOO_MANY_OBJECTS:
+                raise
+    return await asyncio.to_thread(decoder, data, limits)
+
+
+@functools.lru_cache(maxsize=8)
+def _inline_limits(limits: WireLimits) -> WireLimits:
+    return dataclasses.replace(
+        limits, container_floor=_INLINE_CONTAINERS, bytes_per_container=1 << 62, max_objects=1 << 16
+    )
 
 
 # Metric children looked up once, not per request (each ``labels()`` call hashes and locks).
