@@ -108,7 +108,7 @@ def _msgpack_bytes(data: bytes) -> int:
     return len(data)
 
 
-async def _decode(decoder: Any, data: bytes, limits: WireLimits) -> Any:
+async def _decode(decoder: Any, data: bytes, limits: WireLimits, *, images: bool = True) -> Any:
     """Decode on the event loop while that is cheap, else on a worker thread.
 
     A frame with a JPEG, or a msgpack part above 4 MiB, always goes to the thread. One between
@@ -118,7 +118,8 @@ async def _decode(decoder: Any, data: bytes, limits: WireLimits) -> Any:
     with the full limits, so only such frames pay the hand-off.
     """
     size = _msgpack_bytes(data)
-    if data.find(_JPEG_TAG, 0, size) < 0 and size <= _INLINE_BYTES:
+    # (openpi observations never decode image maps, so only the session protocol looks for JPEGs)
+    if size <= _INLINE_BYTES and not (images and data.find(_JPEG_TAG, 0, size) >= 0):
         if size <= _OFFLOAD_BYTES:
             return decoder(data, limits)
         try:
@@ -358,7 +359,7 @@ class _OpenpiSocket:
     async def _infer(self, session: PolicySession, data: bytes | None, seq_id: int) -> ActionChunkMsg:
         if data is None:
             raise WireError(MALFORMED_FRAME, "send binary msgpack frames")
-        raw = await _decode(unpackb, data, self.limits)
+        raw = await _decode(unpackb, data, self.limits, images=False)
         observation, _ = to_observation(raw, self.service.openpi_layout, self.service.metadata.camera_names)
         header = MsgHeader(seq_id=seq_id, session_epoch=session.epoch)
         obs = ObservationMsg(
