@@ -18,7 +18,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def run_benchmark(script: str, *args: str, timeout: float = 60.0) -> dict[str, Any]:
+def run_benchmark(script: str, *args: str, timeout: float = 180.0) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / script), *args],
         capture_output=True, text=True, timeout=timeout, env=dict(os.environ, COLUMNS="160"),
