@@ -10,7 +10,6 @@ both worlds. Checkpoint: ``model.safetensors`` + ``config.json`` (no pickle).
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -20,15 +19,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
+from rollserve.models.net_checkpoint import load_net_weights, read_net_config, save_net
 from rollserve.models.world import DROID_ACTION_NAMES, WorldInit, WorldOutput, WorldSpec, WorldStep
 
 FORMAT = "rollserve.world_model"
 FORMAT_VERSION = 1
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
 
 
 @dataclass(frozen=True)
@@ -262,25 +259,12 @@ def default_checkpoint_dir() -> Path:
 
 
 def save_world_model(net: WorldNet, path: str | Path) -> Path:
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
-    save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": FORMAT})
-    config = {"format": FORMAT, "format_version": FORMAT_VERSION, **net.config.to_dict()}
-    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    return out
+    return save_net(net, net.config, path, fmt=FORMAT, version=FORMAT_VERSION)
 
 
 def load_world_model(path: str | Path) -> WorldNet:
-    path = Path(path)
-    data = json.loads((path / CONFIG_FILE).read_text())
-    if data.pop("format", None) != FORMAT:
-        raise ValueError(f"{path} is not a {FORMAT} checkpoint")
-    if data.pop("format_version", 0) > FORMAT_VERSION:
-        raise ValueError(f"{path} was written by a newer rollserve")
-    net = WorldNet(LearnedWorldConfig.from_dict(data))
-    net.load_state_dict(load_file(str(path / WEIGHTS_FILE)))
-    return net
+    data = read_net_config(path, fmt=FORMAT, version=FORMAT_VERSION)
+    return load_net_weights(WorldNet(LearnedWorldConfig.from_dict(data)), path)
 
 
 def load_default(path: str | Path | None = None) -> LearnedWorld:

@@ -16,7 +16,6 @@ Checkpoint: ``model.safetensors`` + ``config.json`` (no pickle).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -25,10 +24,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from rollserve.models.learned_world import StartDistribution, TaskRule
+from rollserve.models.net_checkpoint import load_net_weights, read_net_config, save_net
 from rollserve.models.world import (
     DROID_ACTION_NAMES,
     RenderSpec,
@@ -40,8 +39,6 @@ from rollserve.models.world import (
 
 FORMAT = "rollserve.video_world_model"
 FORMAT_VERSION = 1
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
 LATENT_BOUND = 50.0
 """Latents of real frames stay within about +-13; predictions are clamped to +-50."""
 STATE_BOUND = 4.0
@@ -369,25 +366,12 @@ def default_checkpoint_dir() -> Path:
 
 
 def save_video_world(net: VideoWorldNet, path: str | Path) -> Path:
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
-    save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": FORMAT})
-    config = {"format": FORMAT, "format_version": FORMAT_VERSION, **net.config.to_dict()}
-    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    return out
+    return save_net(net, net.config, path, fmt=FORMAT, version=FORMAT_VERSION)
 
 
 def load_video_world_net(path: str | Path) -> VideoWorldNet:
-    path = Path(path)
-    data = json.loads((path / CONFIG_FILE).read_text())
-    if data.pop("format", None) != FORMAT:
-        raise ValueError(f"{path} is not a {FORMAT} checkpoint")
-    if data.pop("format_version", 0) > FORMAT_VERSION:
-        raise ValueError(f"{path} was written by a newer rollserve")
-    net = VideoWorldNet(VideoWorldConfig.from_dict(data))
-    net.load_state_dict(load_file(str(path / WEIGHTS_FILE)))
-    return net.eval()
+    data = read_net_config(path, fmt=FORMAT, version=FORMAT_VERSION)
+    return load_net_weights(VideoWorldNet(VideoWorldConfig.from_dict(data)), path).eval()
 
 
 def load_default(path: str | Path | None = None) -> VideoWorld:
