@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keyword argument for the policy factory (VALUE parsed as JSON when it can be); repeatable",
     )  # fmt: skip
     parser.add_argument(
-        "--world", metavar="sim|learned|SPEC", help="also serve a world model for RL rollouts"
+        "--world", metavar="sim|learned|video|SPEC", help="also serve a world model for RL rollouts"
     )
     parser.add_argument(
         "--world-policy", metavar="reference|served|SPEC",
