@@ -24,14 +24,14 @@ import torch
 from rollserve.models.flow_net import FlowNetConfig, VelocityNet
 from rollserve.models.flow_sampling import sample_chunks
 from rollserve.models.flow_stats import NormStats
-from rollserve.models.policy import PolicyBatch, PolicyMetadata, PolicyRequest, Processors
+from rollserve.models.policy import PolicyBatch, PolicyMetadata, PolicyRequest, Processors, SingleAsBatchOfOne
 from rollserve.rtc.config import RTCConfig
 from rollserve.rtc.weights import prefix_weights
 
 DEFAULT_RTC = RTCConfig(enabled=True, execution_horizon=10, max_guidance_weight=5.0)
 
 
-class FlowMatchingPolicy:
+class FlowMatchingPolicy(SingleAsBatchOfOne):
     """A trained :class:`VelocityNet` plus what serving it needs: statistics, names, noise, RTC settings.
 
     Noise comes from, in order: ``batch["noise"]``, a generator seeded with ``batch["seed"]``, or
@@ -83,16 +83,6 @@ class FlowMatchingPolicy:
         self._generator.manual_seed(seed)
 
     # -- Policy / BatchedPolicy ---------------------------------------------------------------
-
-    def predict_action_chunk(
-        self,
-        batch: PolicyBatch,
-        *,
-        inference_delay: int = 0,
-        prev_chunk_left_over: np.ndarray | None = None,
-    ) -> np.ndarray:
-        request = PolicyRequest(batch, inference_delay, prev_chunk_left_over)
-        return self.predict_action_chunks([request])[0]
 
     def predict_action_chunks(self, requests: list[PolicyRequest]) -> list[np.ndarray]:
         """One batched Euler integration for all requests; per-item delay, prefix and noise."""

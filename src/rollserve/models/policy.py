@@ -94,6 +94,16 @@ class BatchedPolicy(Policy, Protocol):
     def predict_action_chunks(self, requests: list[PolicyRequest]) -> list[np.ndarray]: ...
 
 
+class SingleAsBatchOfOne:
+    """For batched policies: ``predict_action_chunk`` is a batch of one, so both paths agree."""
+
+    def predict_action_chunk(
+        self, batch: PolicyBatch, *, inference_delay: int = 0, prev_chunk_left_over: np.ndarray | None = None
+    ) -> np.ndarray:
+        request = PolicyRequest(batch, inference_delay, prev_chunk_left_over)
+        return self.predict_action_chunks([request])[0]  # type: ignore[attr-defined]
+
+
 def make_processors(policy: Policy) -> Processors:
     """A fresh processor pair for a new session: the policy's own if it has a factory, else identity."""
     factory = getattr(policy, "make_processors", None)

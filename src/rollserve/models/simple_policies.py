@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from rollserve.models.policy import PolicyBatch, PolicyMetadata, PolicyRequest, Processors
+from rollserve.models.policy import PolicyBatch, PolicyMetadata, PolicyRequest, Processors, SingleAsBatchOfOne
 from rollserve.rtc.config import RTCConfig
 
 DROID_CAMERAS = ("exterior_image_1_left", "wrist_image_left")
@@ -30,7 +30,7 @@ LIBERO_CAMERAS = ("image", "wrist_image")
 LIBERO_ACTIONS = ("x", "y", "z", "roll", "pitch", "yaw", "gripper")
 
 
-class ChunkPolicy:
+class ChunkPolicy(SingleAsBatchOfOne):
     """A deterministic numpy chunk policy (a fixed random linear map of the state, then a ramp).
 
     ``chunk[t, a] = tanh(W @ state)[a] + 0.05 (t + 1)(a + 1) / A + 0.01 delay``; with a prefix, the
@@ -85,10 +85,6 @@ class ChunkPolicy:
         self._ramp = (np.float32(0.05) * steps * dims / np.float32(len(names))).astype(np.float32)
 
     # -- Policy / BatchedPolicy -----------------------------------------------------------------
-    def predict_action_chunk(
-        self, batch: PolicyBatch, *, inference_delay: int = 0, prev_chunk_left_over: np.ndarray | None = None
-    ) -> np.ndarray:
-        return self.predict_action_chunks([PolicyRequest(batch, inference_delay, prev_chunk_left_over)])[0]
 
     def predict_action_chunks(self, requests: list[PolicyRequest]) -> list[np.ndarray]:
         """One model call for the whole batch (the latency is paid once per call, as on a GPU)."""
@@ -152,7 +148,7 @@ def _record(request: PolicyRequest) -> dict[str, Any]:
     }  # fmt: skip
 
 
-class WideMLPPolicy:
+class WideMLPPolicy(SingleAsBatchOfOne):
     """A wide torch MLP over (state, prefix, delay): batch 1 and batch 32 cost about the same, because
     every call streams the same large weight matrices. Weights come from ``seed``; no checkpoint."""
 
@@ -195,11 +191,6 @@ class WideMLPPolicy:
             for param in self.net.parameters():
                 param.copy_(torch.randn(param.shape, generator=generator) / max(param.shape[-1], 1) ** 0.5)
         self.net = self.net.to(self.device).eval()
-
-    def predict_action_chunk(
-        self, batch: PolicyBatch, *, inference_delay: int = 0, prev_chunk_left_over: np.ndarray | None = None
-    ) -> np.ndarray:
-        return self.predict_action_chunks([PolicyRequest(batch, inference_delay, prev_chunk_left_over)])[0]
 
     def predict_action_chunks(self, requests: list[PolicyRequest]) -> list[np.ndarray]:
         torch = self._torch

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from rollserve.adapters.lerobot.support import TypeSupport
-from rollserve.models.policy import PolicyBatch, PolicyMetadata, PolicyRequest, Processors
+from rollserve.models.policy import PolicyBatch, PolicyMetadata, PolicyRequest, Processors, SingleAsBatchOfOne
 from rollserve.rtc.config import RTCConfig
 from rollserve.wire.errors import BAD_FIELD, BAD_SHAPE, UNSUPPORTED_DTYPE, WireError
 
@@ -40,7 +40,7 @@ class SessionState:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class LeRobotPolicy:
+class LeRobotPolicy(SingleAsBatchOfOne):
     """rollserve's ``Policy`` / ``BatchedPolicy`` protocol over a loaded LeRobot policy.
 
     Built by :func:`rollserve.adapters.lerobot.loading.load_lerobot_policy`; the server never
@@ -154,15 +154,6 @@ class LeRobotPolicy:
         return out[0].detach().cpu().numpy().astype(np.float32, copy=False)
 
     # -- the model call --------------------------------------------------------------------------
-    def predict_action_chunk(
-        self,
-        batch: PolicyBatch,
-        *,
-        inference_delay: int = 0,
-        prev_chunk_left_over: np.ndarray | None = None,
-    ) -> np.ndarray:
-        request = PolicyRequest(batch, inference_delay, prev_chunk_left_over)
-        return self.predict_action_chunks([request])[0]
 
     def predict_action_chunks(self, requests: list[PolicyRequest]) -> list[np.ndarray]:
         """One LeRobot call per group of requests that can share it.
