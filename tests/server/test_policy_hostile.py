@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -105,10 +106,24 @@ def test_openpi_endpoint_refuses_non_finite_states(running: RunningServer, state
 
 
 def test_a_message_above_the_frame_limit_is_cut_off_while_it_streams(running: RunningServer) -> None:
+    closed_mid_message = []
+
+    def fragments(ws: ClientConnection) -> Iterator[bytes]:
+        # 256 KiB + 1 byte (the limit is 256 KiB), then wait: the server must close before the
+        # message ends. Every byte sent is read by the server, so its close frame is never lost to
+        # a reset (a larger overshoot raced the close against unread data).
+        yield from [b"\0" * (64 * 1024)] * 4 + [b"\0"]
+        deadline = time.monotonic() + 10
+        while ws.protocol.close_rcvd is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        closed_mid_message.append(ws.protocol.close_rcvd is not None)
+        yield b"\0"
+
     with _session(running) as ws:
         with pytest.raises(ConnectionClosed) as info:
-            ws.send([b"\0" * (64 * 1024)] * 8)  # a fragmented 512 KiB message; the limit is 256 KiB
+            ws.send(fragments(ws))
             ws.recv(timeout=10)
+        assert closed_mid_message == [True]
         assert info.value.rcvd is not None and info.value.rcvd.code == 1009
     with _session(running) as ws:  # and the server keeps serving
         assert isinstance(_observe(ws, 1), ActionChunkMsg)
