@@ -11,9 +11,11 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 
+import rollserve.engine.batcher as batcher_module
 from rollserve.engine import BatchingWorker, EngineClosed, Superseded
 
 WAIT = 10.0  # seconds any single step may take before the test fails instead of hanging
@@ -254,33 +256,62 @@ async def test_batch_wait_expects_the_clients_seen_last_time() -> None:
 
 
 # -- running cheap requests inline (no thread hand-off) ----------------------------------------------
-def _recording(names: list[str], cost_s: float = 0.0):  # type: ignore[no-untyped-def]
+class ModelClock:
+    """The batcher's ``perf_counter``, moved only by what the fake model says a call cost.
+
+    The inline decision depends on measured call times; with this clock it depends on the cost a
+    test sets, exactly, not on the machine's load (or a mutation tool's tracing).
+    """
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self._lock = threading.Lock()
+
+    def perf_counter(self) -> float:
+        with self._lock:
+            return self.now
+
+    def spend(self, seconds: float) -> None:
+        with self._lock:
+            self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> ModelClock:
+    fake = ModelClock()
+    monkeypatch.setattr(batcher_module, "time", SimpleNamespace(perf_counter=fake.perf_counter))
+    return fake
+
+
+def _recording(names: list[str], clock: ModelClock, cost_s: list[float] | float = 0.0):  # type: ignore[no-untyped-def]
+    """A doubling model that records the thread it ran on and costs ``cost_s`` (or ``cost_s[0]``)."""
+
     def run(items: list[int]) -> list[int]:
         names.append(threading.current_thread().name)
-        if cost_s:
-            time.sleep(cost_s)
+        clock.spend(cost_s[0] if isinstance(cost_s, list) else cost_s)
         return _doubling(items)
 
     return run
 
 
-async def test_a_cheap_model_runs_inline_once_measured_on_the_thread() -> None:
+async def test_a_cheap_model_runs_inline_once_measured_on_the_thread(clock: ModelClock) -> None:
     names: list[str] = []
-    worker = BatchingWorker(_recording(names), name="test-engine", inline_below_s=0.05)
+    worker = BatchingWorker(_recording(names, clock, 0.004), name="test-engine", inline_below_s=0.05)
     try:
         results = [await worker.submit(i) for i in range(6)]
         assert [r.value for r in results] == [0, 2, 4, 6, 8, 10]
         here = threading.current_thread().name
         assert names == ["test-engine"] * 3 + [here] * 3  # three measured runs, then the caller's thread
         assert all(r.batch_size == 1 and r.queue_wait_s == 0.0 for r in results[3:])
-        assert worker.stats.items == 6
+        assert [r.run_s for r in results] == pytest.approx([0.004] * 6)  # the model's cost, on both paths
+        assert (worker.stats.batches, worker.stats.items, worker.stats.max_batch_seen) == (6, 6, 1)
     finally:
         worker.close()
 
 
-async def test_a_model_slower_than_the_bound_never_runs_inline() -> None:
+async def test_a_model_slower_than_the_bound_never_runs_inline(clock: ModelClock) -> None:
     names: list[str] = []
-    worker = BatchingWorker(_recording(names, cost_s=0.01), name="test-engine", inline_below_s=0.002)
+    worker = BatchingWorker(_recording(names, clock, 0.01), name="test-engine", inline_below_s=0.002)
     try:
         for i in range(5):
             assert (await worker.submit(i)).value == 2 * i
@@ -289,10 +320,36 @@ async def test_a_model_slower_than_the_bound_never_runs_inline() -> None:
         worker.close()
 
 
-async def test_inline_is_off_by_default() -> None:
+async def test_a_model_exactly_at_the_bound_never_runs_inline(clock: ModelClock) -> None:
+    """The rule is "cheaper than ``inline_below_s``": a call that costs exactly the bound is not."""
     names: list[str] = []
-    worker = BatchingWorker(_recording(names), name="test-engine")
+    worker = BatchingWorker(_recording(names, clock, 0.25), name="test-engine", inline_below_s=0.25)
     try:
+        for i in range(5):
+            assert not worker.runs_inline_now()
+            await worker.submit(i)
+        assert names == ["test-engine"] * 5
+    finally:
+        worker.close()
+
+
+async def test_inline_is_off_by_default(clock: ModelClock) -> None:
+    names: list[str] = []
+    worker = BatchingWorker(_recording(names, clock), name="test-engine")
+    try:
+        for i in range(5):
+            await worker.submit(i)
+        assert names == ["test-engine"] * 5
+        assert not worker.runs_inline_now()
+    finally:
+        worker.close()
+
+
+async def test_a_negative_inline_bound_means_off(clock: ModelClock) -> None:
+    names: list[str] = []
+    worker = BatchingWorker(_recording(names, clock), name="test-engine", inline_below_s=-1.0)
+    try:
+        assert worker.inline_below_s == 0.0
         for i in range(5):
             await worker.submit(i)
         assert names == ["test-engine"] * 5
@@ -300,22 +357,16 @@ async def test_inline_is_off_by_default() -> None:
         worker.close()
 
 
-async def test_a_model_that_turns_slow_goes_back_to_the_thread() -> None:
+async def test_a_model_that_turns_slow_goes_back_to_the_thread(clock: ModelClock) -> None:
     names: list[str] = []
     cost_s = [0.0]
-
-    def run(items: list[int]) -> list[int]:
-        names.append(threading.current_thread().name)
-        time.sleep(cost_s[0])
-        return _doubling(items)
-
-    worker = BatchingWorker(run, name="test-engine", inline_below_s=0.005)
+    worker = BatchingWorker(_recording(names, clock, cost_s), name="test-engine", inline_below_s=0.005)
     try:
         for i in range(4):
             await worker.submit(i)
         here = threading.current_thread().name
         assert names[-1] == here
-        cost_s[0] = 0.03  # far over the bound: the first slow call sends it back
+        cost_s[0] = 0.03  # far over the bound (more than 4x): the first slow call sends it back
         await worker.submit(4)
         await worker.submit(5)
         assert names[-2:] == [here, "test-engine"]
@@ -327,16 +378,37 @@ async def test_a_model_that_turns_slow_goes_back_to_the_thread() -> None:
         worker.close()
 
 
-async def test_a_model_somewhat_over_the_bound_leaves_after_three_calls() -> None:
+async def test_an_inline_call_of_exactly_four_times_the_bound_does_not_restart_the_measuring(
+    clock: ModelClock,
+) -> None:
+    """Only a call *over* 4x the bound forgets the recent cheap calls; at 4x the fastest of the
+    last three still decides, so the next call stays inline."""
+    names: list[str] = []
+    cheap = 2.0**-10  # binary fractions: the fake clock's sums are exact
+    cost_s = [cheap]
+    worker = BatchingWorker(_recording(names, clock, cost_s), name="test-engine", inline_below_s=0.25)
+    try:
+        for i in range(4):
+            await worker.submit(i)
+        here = threading.current_thread().name
+        cost_s[0] = 1.0  # exactly 4 x 0.25
+        await worker.submit(4)
+        cost_s[0] = cheap
+        await worker.submit(5)
+        assert names == ["test-engine"] * 3 + [here] * 3
+        cost_s[0] = 1.5  # over 4x: measuring starts afresh on the thread
+        await worker.submit(6)
+        cost_s[0] = cheap
+        await worker.submit(7)
+        assert names[-2:] == [here, "test-engine"]
+    finally:
+        worker.close()
+
+
+async def test_a_model_somewhat_over_the_bound_leaves_after_three_calls(clock: ModelClock) -> None:
     names: list[str] = []
     cost_s = [0.0]
-
-    def run(items: list[int]) -> list[int]:
-        names.append(threading.current_thread().name)
-        time.sleep(cost_s[0])
-        return _doubling(items)
-
-    worker = BatchingWorker(run, name="test-engine", inline_below_s=0.01)
+    worker = BatchingWorker(_recording(names, clock, cost_s), name="test-engine", inline_below_s=0.01)
     try:
         for i in range(3):
             await worker.submit(i)
@@ -395,9 +467,9 @@ async def test_inline_errors_reach_the_caller_and_close_still_refuses() -> None:
         await worker.submit(1)
 
 
-async def test_runs_inline_now_says_what_the_next_submit_does() -> None:
+async def test_runs_inline_now_says_what_the_next_submit_does(clock: ModelClock) -> None:
     names: list[str] = []
-    worker = BatchingWorker(_recording(names), name="test-engine", inline_below_s=0.05)
+    worker = BatchingWorker(_recording(names, clock, 0.001), name="test-engine", inline_below_s=0.05)
     try:
         predictions = []
         for i in range(5):

@@ -212,7 +212,10 @@ def test_a_post_processor_must_keep_the_chunk_length() -> None:
     session = LocalSession(Processors(pre=policy.preprocess, post=lambda chunk: chunk[:-1]))
     with pytest.raises(PolicyError) as info:
         PolicyRequestPath(policy).run_inference_request(session, MsgHeader(), ObservationMsg(state=STATE))
-    assert info.value.message == "post-processor changed the chunk length to 19"
+    assert (info.value.code, info.value.message) == (
+        INFERENCE_ERROR,
+        "post-processor changed the chunk length to 19",
+    )
 
 
 def test_a_batched_policy_returning_the_wrong_number_of_chunks_is_retried_one_by_one() -> None:
@@ -283,3 +286,183 @@ def test_inference_time_is_reported_in_milliseconds() -> None:
         _session(policy), MsgHeader(), ObservationMsg(state=STATE)
     )
     assert reply.inference_ms >= 20.0  # a lower bound only: a busy machine is only slower
+
+
+@pytest.mark.parametrize(
+    ("obs", "message"),
+    [
+        (ObservationMsg(state=np.array([0, 0, np.nan, 0, 0, 0], np.float32)),
+         "state holds NaN or inf values"),
+        (ObservationMsg(state=STATE, prefix_model=np.full((2, 6), np.inf, np.float32)),
+         "prefix_model holds NaN or inf values"),
+        (ObservationMsg(state=STATE, prefix_robot=np.full((2, 6), -np.inf, np.float32)),
+         "prefix_robot holds NaN or inf values"),
+    ],
+)  # fmt: skip
+def test_non_finite_inputs_are_refused_naming_the_field(obs: ObservationMsg, message: str) -> None:
+    policy = ChunkPolicy()
+    with pytest.raises(WireError) as info:
+        PolicyRequestPath(policy).validate(_session(policy), obs)
+    assert (info.value.code, info.value.message) == (BAD_FIELD, message)
+
+
+def test_the_limits_themselves_are_accepted() -> None:
+    """A delay of a whole chunk and a prefix of a whole chunk are in range (``0..chunk_size``)."""
+    policy = ChunkPolicy(chunk_size=20, record_calls=True)
+    path = PolicyRequestPath(policy, execution_horizon=20)
+    whole = np.ones((20, 6), np.float32)
+    obs = ObservationMsg(state=STATE, inference_delay_steps=20, prefix_model=whole)
+    reply = path.run_inference_request(_session(policy), MsgHeader(), obs)
+    assert reply.inference_delay_steps == 20 and policy.calls[0]["prefix_steps"] == 20
+
+
+class _Unbatched:
+    """A policy with only ``predict_action_chunk`` (no batch method): the request path calls it once
+    per request with the padded prefix."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.inner = ChunkPolicy()
+        self.metadata = self.inner.metadata
+        self.fail = fail
+        self.prefixes: list[np.ndarray | None] = []
+
+    def predict_action_chunk(
+        self,
+        batch: dict[str, Any],
+        *,
+        inference_delay: int = 0,
+        prev_chunk_left_over: np.ndarray | None = None,
+    ) -> np.ndarray:
+        if self.fail:
+            raise RuntimeError("unbatched boom")
+        self.prefixes.append(prev_chunk_left_over)
+        return np.zeros((20, 6), np.float32)
+
+
+def test_a_policy_without_a_batch_method_gets_each_request_with_its_prefix() -> None:
+    policy = _Unbatched()
+    path = PolicyRequestPath(policy)  # type: ignore[arg-type]
+    assert path.batched is False  # metadata says batching, but there is no batch method
+    prefix = np.arange(12, dtype=np.float32).reshape(2, 6)
+    path.run_inference_request(LocalSession(), MsgHeader(), ObservationMsg(state=STATE, prefix_model=prefix))
+    (seen,) = policy.prefixes
+    assert seen is not None and seen.shape == (10, 6)
+    np.testing.assert_array_equal(seen[:2], prefix)
+    failing = _Unbatched(fail=True)
+    with pytest.raises(PolicyError) as info:
+        PolicyRequestPath(failing).run_inference_request(  # type: ignore[arg-type]
+            LocalSession(), MsgHeader(), ObservationMsg(state=STATE)
+        )
+    assert (info.value.code, info.value.message) == (
+        INFERENCE_ERROR,
+        "policy failed: RuntimeError: unbatched boom",
+    )
+
+
+def test_a_policy_that_says_it_cannot_batch_is_called_one_request_at_a_time() -> None:
+    policy = ChunkPolicy(supports_batching=False)
+    path = PolicyRequestPath(policy)
+    assert path.batched is False
+    items = [
+        InferenceItem.of(_session(policy), MsgHeader(seq_id=i), ObservationMsg(state=STATE)) for i in range(3)
+    ]
+    path.run_batch(items)
+    assert policy.batch_sizes == [1, 1, 1]
+
+
+def test_a_robot_prefix_needs_a_mapping_even_on_a_policy_without_the_attribute() -> None:
+    policy = _Unbatched()  # no actions_to_model at all
+    with pytest.raises(WireError) as info:
+        PolicyRequestPath(policy).run_inference_request(  # type: ignore[arg-type]
+            LocalSession(), MsgHeader(), ObservationMsg(state=STATE, prefix_robot=np.ones((2, 6), np.float32))
+        )
+    assert info.value.code == BAD_FIELD
+
+
+def test_a_robot_prefix_reaches_the_policy_in_model_space_as_float32() -> None:
+    class Float64Mapping(ChunkPolicy):
+        def actions_to_model(self, actions: np.ndarray) -> np.ndarray:
+            return np.asarray(actions, np.float64) / 2.0
+
+    policy = Float64Mapping(record_calls=True)
+    robot = np.full((2, 6), 3.0, np.float32)
+    PolicyRequestPath(policy, execution_horizon=2).run_inference_request(
+        _session(policy), MsgHeader(), ObservationMsg(state=STATE, prefix_robot=robot)
+    )
+    seen = policy.calls[0]["prev_chunk_left_over"]
+    assert seen.dtype == np.float32
+    np.testing.assert_array_equal(seen, np.full((2, 6), 1.5, np.float32))
+
+
+def test_the_pre_processor_sees_the_images_state_and_task() -> None:
+    seen: list[dict[str, Any]] = []
+
+    def pre(observation: dict[str, Any]) -> dict[str, Any]:
+        seen.append(observation)
+        return {"state": observation["state"]}
+
+    image = np.zeros((2, 2, 3), np.uint8)
+    policy = ChunkPolicy(camera_names=("top",))
+    PolicyRequestPath(policy).run_inference_request(
+        LocalSession(Processors(pre=pre), task="fold"),
+        MsgHeader(),
+        ObservationMsg(state=STATE, images={"top": image}),
+    )
+    (observation,) = seen
+    assert sorted(observation) == ["images", "state", "task"]
+    assert observation["images"].keys() == {"top"} and observation["images"]["top"] is image
+    assert observation["task"] == "fold"
+
+
+def test_a_batch_failure_is_logged_even_when_every_retry_succeeds(caplog: pytest.LogCaptureFixture) -> None:
+    class BatchOnlyBug(ChunkPolicy):
+        def predict_action_chunks(self, requests: list[PolicyRequest]) -> list[np.ndarray]:
+            if len(requests) > 1:
+                raise RuntimeError("batch-only bug")
+            return super().predict_action_chunks(requests)
+
+    policy = BatchOnlyBug()
+    items = [
+        InferenceItem.of(_session(policy), MsgHeader(seq_id=i), ObservationMsg(state=STATE)) for i in range(3)
+    ]
+    with caplog.at_level(logging.ERROR, logger="rollserve.engine.request_path"):
+        results = PolicyRequestPath(policy).run_batch(items)
+    assert [r.header.seq_id for r in results] == [0, 1, 2]  # type: ignore[union-attr]
+    (record,) = caplog.records
+    assert record.getMessage() == "batched policy call of 3 requests failed; retrying one by one"
+    assert record.exc_info[1].args == ("batch-only bug",)  # type: ignore[index]
+
+
+def test_a_lone_request_gets_the_policys_wrong_count_as_its_error() -> None:
+    class Empty(ChunkPolicy):
+        def predict_action_chunks(self, requests: list[PolicyRequest]) -> list[np.ndarray]:
+            return []
+
+    policy = Empty()
+    with pytest.raises(PolicyError) as info:
+        PolicyRequestPath(policy).run_inference_request(
+            _session(policy), MsgHeader(), ObservationMsg(state=STATE)
+        )
+    assert info.value.message == "policy failed: RuntimeError: policy returned 0 chunks for 1 requests"
+
+
+def test_inference_ms_is_the_policy_calls_time_in_milliseconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the request path's clock moved only by the policy (0.25 s a call), the reported time is
+    exactly 250 ms: it measures the model call, in milliseconds."""
+    import types
+
+    import rollserve.engine.request_path as request_path_module
+
+    now = [1000.0]
+
+    class Slow(ChunkPolicy):
+        def predict_action_chunks(self, requests: list[PolicyRequest]) -> list[np.ndarray]:
+            now[0] += 0.25
+            return super().predict_action_chunks(requests)
+
+    monkeypatch.setattr(request_path_module, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    policy = Slow()
+    reply = PolicyRequestPath(policy).run_inference_request(
+        _session(policy), MsgHeader(), ObservationMsg(state=STATE)
+    )
+    assert reply.inference_ms == 250.0
