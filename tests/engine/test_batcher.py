@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -480,3 +481,139 @@ async def test_runs_inline_now_says_what_the_next_submit_does(clock: ModelClock)
     finally:
         worker.close()
     assert not worker.runs_inline_now()
+
+
+async def test_an_async_submit_with_a_key_supersedes_the_sessions_waiting_request() -> None:
+    gate = Gate()
+    worker = BatchingWorker(gate.run)
+    try:
+        busy = worker.submit_future(-1, key="other")
+        await gate.wait_started()
+        old = asyncio.ensure_future(worker.submit(1, key="robot-a"))
+        await asyncio.sleep(0)  # let it queue (submit enqueues before its first await)
+        new = asyncio.ensure_future(worker.submit(2, key="robot-a"))
+        await asyncio.sleep(0)
+        with pytest.raises(Superseded) as info:
+            await asyncio.wait_for(old, WAIT)
+        assert str(info.value) == "superseded by a newer request of the same session"
+        gate.release.set()
+        assert (await asyncio.wait_for(new, WAIT)).value == 4 and busy.result(WAIT).value == -2
+        assert gate.ran == [-1, 2] and worker.stats.superseded == 1
+    finally:
+        gate.release.set()
+        worker.close()
+
+
+async def test_submit_many_wakes_its_caller_only_when_the_last_item_is_done() -> None:
+    """The event loop keeps running while ``submit_many`` waits: here a coroutine on the loop is what
+    lets the last item finish, so a caller woken early (blocking on an unfinished item) would stall
+    the loop and the last item would fail."""
+    third_started = threading.Event()
+    release = threading.Event()
+
+    def run(items: list[int]) -> list[int]:
+        if items == [3]:
+            third_started.set()
+            if not release.wait(2.0):
+                raise RuntimeError("the event loop never released item 3")
+        return _doubling(items)
+
+    async def releaser() -> None:
+        assert await asyncio.to_thread(third_started.wait, WAIT)  # items 1 and 2 are done by now
+        release.set()
+
+    worker = BatchingWorker(run, max_batch_size=1)
+    try:
+        helper = asyncio.ensure_future(releaser())
+        results = await worker.submit_many([1, 2, 3])
+        await helper
+        assert [r.value for r in results] == [2, 4, 6]  # type: ignore[union-attr]
+    finally:
+        release.set()
+        worker.close()
+
+
+async def test_nothing_else_runs_inline_or_on_the_thread_during_an_inline_call(clock: ModelClock) -> None:
+    """While a request runs inline the worker counts as busy: ``runs_inline_now`` says no, and a
+    request queued meanwhile by another thread waits for the inline call to end."""
+    seen: list[tuple[int, bool]] = []
+    inline_running = threading.Event()
+    worker: BatchingWorker[int, int]
+
+    def run(items: list[int]) -> list[int]:
+        if items == [3]:  # the first inline call
+            inline_running.set()
+            seen.append((3, worker.runs_inline_now()))
+            queued.append(worker.submit_future(100))
+            seen.append((100, queued[0].done()))
+        return _doubling(items)
+
+    queued: list[Any] = []
+    worker = BatchingWorker(run, name="test-engine", inline_below_s=0.05)
+    try:
+        for i in range(4):
+            await worker.submit(i)
+        assert inline_running.is_set()
+        assert seen == [(3, False), (100, False)]
+        assert queued[0].result(WAIT).value == 200
+    finally:
+        worker.close()
+
+
+async def test_runs_inline_now_is_false_while_a_batch_runs_on_the_thread(clock: ModelClock) -> None:
+    names: list[str] = []
+    gate = threading.Event()
+    started = threading.Event()
+    record = _recording(names, clock, 0.001)
+
+    def run(items: list[int]) -> list[int]:
+        if items == [100]:
+            started.set()
+            assert gate.wait(WAIT)
+        return record(items)
+
+    worker = BatchingWorker(run, name="test-engine", inline_below_s=0.05)
+    try:
+        for i in range(3):
+            await worker.submit(i)
+        assert worker.runs_inline_now()
+        blocked = worker.submit_future(100)
+        assert await asyncio.to_thread(started.wait, WAIT)
+        assert not worker.runs_inline_now()  # busy, nothing queued: still not inline
+        gate.set()
+        assert blocked.result(WAIT).value == 200
+    finally:
+        gate.set()
+        worker.close()
+
+
+async def test_inline_failures_of_the_whole_call_reach_the_caller(clock: ModelClock) -> None:
+    calls = [0]
+
+    def run(items: list[int]) -> list[int]:
+        calls[0] += 1
+        if items == [-1]:
+            raise RuntimeError("model exploded inline")
+        if items == [-2]:
+            return [1, 2]  # two results for one request
+        if items == [-3]:
+            return []
+        return _doubling(items)
+
+    worker = BatchingWorker(run, inline_below_s=0.05)
+    try:
+        for i in range(3):
+            await worker.submit(i)
+        assert worker.runs_inline_now()
+        with pytest.raises(RuntimeError, match=r"^model exploded inline$"):
+            await worker.submit(-1)
+        for bad in (-2, -3):
+            with pytest.raises(RuntimeError, match=r"^run_batch returned no single result$"):
+                await worker.submit(bad)
+        assert (await worker.submit(5)).value == 10 and calls[0] == 7
+    finally:
+        worker.close()
+    with pytest.raises(EngineClosed, match=r"^inference engine is shut down$"):
+        await worker.submit(1)  # refused on the inline path too (the model measured cheap)
+    with pytest.raises(EngineClosed, match=r"^inference engine is shut down$"):
+        worker.submit_future(1)
