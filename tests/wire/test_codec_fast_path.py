@@ -21,7 +21,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollserve.wire import ActionChunkMsg, MsgHeader, ObservationMsg, encode_message, msgpack_codec
-from rollserve.wire.codec import decode_action_chunk, decode_observation, pack_frame, packb, unpackb
+from rollserve.wire.codec import (
+    decode_action_chunk,
+    decode_message,
+    decode_observation,
+    pack_frame,
+    packb,
+    unpackb,
+)
 from rollserve.wire.errors import MALFORMED_FRAME, TOO_MANY_OBJECTS, WireError
 from rollserve.wire.images import encode_image
 from rollserve.wire.limits import DEFAULT_LIMITS, WireLimits
@@ -220,3 +227,86 @@ def test_skipping_the_count_never_changes_what_a_document_decodes_to(
     with counted_only:
         counted = _outcome(data, limits)
     assert fast == counted
+
+
+# -- decoding typed messages: tensor maps left as maps become arrays where the message expects them -------
+def _plain(value: Any) -> Any:
+    """Something ``==`` compares: arrays as (dtype, shape, bytes, writeable), recursively."""
+    if isinstance(value, np.ndarray | np.generic):
+        return (type(value).__name__, value.dtype.str, value.shape, value.tobytes(), value.flags.writeable)
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if dataclasses.is_dataclass(value):
+        return _plain(vars(value))
+    return value
+
+
+def _decoded_both_ways(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> tuple[Any, Any]:
+    """What ``decode_message`` gives (or which error code) on its hook-free path and on the counted one."""
+
+    def outcome() -> Any:
+        try:
+            msg = decode_message(data, limits)
+        except WireError as exc:
+            return ("error", exc.code)
+        return ("value", type(msg).__name__, _plain(vars(msg)))
+
+    fast = outcome()
+    with mock.patch.object(msgpack_codec, "_budget_cannot_run_out", lambda *args: False):
+        counted = outcome()
+    return fast, counted
+
+
+def _tensor_map(
+    shape: tuple[int, ...] = (2,), data: bytes = bytes(8), dtype: str = "<f4"
+) -> dict[bytes, Any]:
+    return {b"__ndarray__": True, b"data": data, b"dtype": dtype, b"shape": list(shape)}
+
+
+_image_tensor = _tensor_map((2, 2, 3), bytes(range(12)), "|u1")
+_TYPED_DOCUMENTS = {
+    "chunk": encode_message(_chunk_message()),
+    "observation, out of band": encode_message(_observation_message()),
+    "observation, inline tensors": packb(
+        {
+            "type": "observation",
+            "state": _tensor_map(),
+            "images": {
+                "a": {b"__image__": True, b"format": "raw", b"pixels": _image_tensor},
+                "b": _image_tensor,
+            },
+        }  # an image may also be a bare tensor
+    ),
+    "a bad tensor where a tensor belongs": packb(
+        {"type": "observation", "state": _tensor_map(data=bytes(4))}
+    ),
+    "a bad pointer": encode_message(_chunk_message()).replace(  # [0, 1600] -> [0, 65535]: past the end
+        b"\x03oob\x92\x00\xcd\x06\x40", b"\x03oob\x92\x00\xcd\xff\xff"
+    ),
+    "a bad raw image": packb(
+        {
+            "type": "observation",
+            "images": {"a": {b"__image__": True, b"format": "raw", b"pixels": _tensor_map()}},
+        }
+    ),
+    "a tensor where a string belongs": packb({"type": "observation", "task": _tensor_map()}),
+    "a free-form map holding tensors": packb(
+        {"type": "session_ack", "accepted": True, "policy": {"norm": _tensor_map(), "scale": np.float32(2)}}
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(_TYPED_DOCUMENTS))
+def test_typed_decoding_without_hooks_matches_the_counted_path(name: str) -> None:
+    fast, counted = _decoded_both_ways(_TYPED_DOCUMENTS[name])
+    assert fast == counted
+    assert fast[0] == ("error" if name.startswith("a bad") or "string" in name else "value")
+
+
+def test_the_bad_pointer_document_differs_from_the_message() -> None:
+    assert _TYPED_DOCUMENTS["a bad pointer"] != _TYPED_DOCUMENTS["chunk"]
+
+
+def test_a_free_form_map_keeps_its_tensors_as_arrays() -> None:
+    ack = decode_message(_TYPED_DOCUMENTS["a free-form map holding tensors"])
+    assert isinstance(ack.policy["norm"], np.ndarray) and ack.policy["scale"] == np.float32(2)

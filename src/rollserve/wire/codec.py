@@ -25,9 +25,11 @@ from rollserve.wire.messages import (
 from rollserve.wire.messages import (
     SCHEMA_VERSION as CURRENT_SCHEMA,
 )
-from rollserve.wire.msgpack_codec import FrameArrays, pack_frame, packb, unpackb
+from rollserve.wire.msgpack_codec import FrameArrays, pack_frame, packb, unpack_message, unpackb
+from rollserve.wire.tensors import NDARRAY_KEY, OOB_KEY, decode_array
 
 M = TypeVar("M")
+Payload = memoryview | None  # a frame's out-of-band bytes, where its tensor maps point
 
 __all__ = [
     "decode_action_chunk",
@@ -46,6 +48,7 @@ __all__ = [
 
 # -- encoding ----------------------------------------------------------------------------------------
 _HEADER_FIELDS = tuple(f.name for f in dataclasses.fields(MsgHeader))
+_INT_ONLY = {int}
 _ARRAY_KINDS = frozenset({"array", "opt_array"})
 # Per message class: (field, kind) with kind None for fields that go as they are.
 _ENCODE_PLANS: dict[type, tuple[tuple[str, str | None], ...]] = {
@@ -84,20 +87,23 @@ def _bad(name: str, expected: str, value: Any) -> WireError:
     return WireError(BAD_FIELD, f"field {name!r} must be {expected}, got {type(value).__name__}")
 
 
-def _header(field: str, value: Any, limits: WireLimits) -> MsgHeader:
+def _header(field: str, value: Any, limits: WireLimits, payload: Payload) -> MsgHeader:
     if type(value) is not dict:
         raise _bad(field, "a map", value)
-    fields = {name: value[name] for name in _HEADER_FIELDS if name in value}
-    for name, number in fields.items():
-        if type(number) is not int:  # bool is not an int here
-            raise _bad(f"{field}.{name}", "an int", number)
-    header = MsgHeader(**fields)
+    if tuple(value) == _HEADER_FIELDS and set(map(type, value.values())) == _INT_ONLY:
+        header = MsgHeader(*value.values())  # what our own encoder sends: every field, in order
+    else:
+        fields = {name: value[name] for name in _HEADER_FIELDS if name in value}
+        for name, number in fields.items():
+            if type(number) is not int:  # bool is not an int here
+                raise _bad(f"{field}.{name}", "an int", number)
+        header = MsgHeader(**fields)
     if header.schema_version != CURRENT_SCHEMA:
         raise WireError(SCHEMA_VERSION, f"schema_version {header.schema_version} is not {CURRENT_SCHEMA}")
     return header
 
 
-def _number(name: str, value: Any, limits: WireLimits) -> float:
+def _number(name: str, value: Any, limits: WireLimits, payload: Payload) -> float:
     if type(value) not in (int, float):
         raise _bad(name, "a number", value)
     if not math.isfinite(value):
@@ -108,7 +114,7 @@ def _number(name: str, value: Any, limits: WireLimits) -> float:
 def _capped_str(limit_name: str) -> Any:
     """A string of at most ``limits.<limit_name>`` characters: client-chosen text stays small."""
 
-    def validate(name: str, value: Any, limits: WireLimits) -> str:
+    def validate(name: str, value: Any, limits: WireLimits, payload: Payload) -> str:
         cap = getattr(limits, limit_name)
         if type(value) is not str:
             raise _bad(name, "a string", value)
@@ -119,7 +125,7 @@ def _capped_str(limit_name: str) -> Any:
     return validate
 
 
-def _names(name: str, value: Any, limits: WireLimits) -> list[str]:
+def _names(name: str, value: Any, limits: WireLimits, payload: Payload) -> list[str]:
     if type(value) is not list or not all(type(x) is str for x in value):
         raise _bad(name, "a list of strings", value)
     if len(value) > limits.max_names or any(len(x) > limits.max_name_chars for x in value):
@@ -131,7 +137,7 @@ def _names(name: str, value: Any, limits: WireLimits) -> list[str]:
 
 
 def _list_of(item_type: type, expected: str) -> Any:
-    def validate(name: str, value: Any, limits: WireLimits) -> list[Any]:
+    def validate(name: str, value: Any, limits: WireLimits, payload: Payload) -> list[Any]:
         if type(value) is not list or not all(type(x) is item_type for x in value):
             raise _bad(name, expected, value)
         return value
@@ -139,9 +145,30 @@ def _list_of(item_type: type, expected: str) -> Any:
     return validate
 
 
-def _images(name: str, value: Any, limits: WireLimits) -> dict[str, np.ndarray]:
+def _array(expected: str, nil_allowed: bool) -> Any:
+    """A tensor field: a tensor map (unpacked without hooks) becomes a view of the frame here."""
+
+    def validate(name: str, value: Any, limits: WireLimits, payload: Payload) -> np.ndarray | None:
+        if type(value) is dict and NDARRAY_KEY in value:
+            return decode_array(value, limits, payload if OOB_KEY in value else None)
+        if type(value) is np.ndarray or (value is None and nil_allowed):
+            return value
+        raise _bad(name, expected, value)
+
+    return validate
+
+
+def _images(name: str, value: Any, limits: WireLimits, payload: Payload) -> dict[str, np.ndarray]:
     if not isinstance(value, dict) or len(value) > limits.max_images:
         raise _bad(name, f"a map of at most {limits.max_images} images", value)
+    for cam, image in value.items():  # tensor maps left as maps by unpack_message become arrays
+        if type(image) is dict:
+            if NDARRAY_KEY in image:
+                value[cam] = decode_array(image, limits, payload if OOB_KEY in image else None)
+                continue
+            pixels = image.get(b"pixels")
+            if type(pixels) is dict and NDARRAY_KEY in pixels:
+                image[b"pixels"] = decode_array(pixels, limits, payload if OOB_KEY in pixels else None)
     return decode_images(value, limits, name)
 
 
@@ -166,35 +193,49 @@ _RULES: dict[str, _Rule] = {
     "str_list": _Rule(convert=_list_of(str, "a list of strings")),
     "int_list": _Rule(convert=_list_of(int, "a list of ints")),
     "dict": _Rule((dict,), "a map"),
-    "array": _Rule((np.ndarray,), "a tensor"),
-    "opt_array": _Rule((np.ndarray, type(None)), "a tensor or nil"),
+    "array": _Rule(convert=_array("a tensor", False)),
+    "opt_array": _Rule(convert=_array("a tensor or nil", True)),
     "images": _Rule(convert=_images),
 }
-# Per message class: (field, rule, nil allowed), worked out once instead of on every frame.
-_DECODE_PLANS: dict[type, tuple[tuple[str, _Rule, bool], ...]] = {
-    cls: tuple((name, _RULES[kind], kind.startswith("opt_")) for name, kind in cls.WIRE_FIELDS.items())  # type: ignore[attr-defined]
+# Per message class: (field, nil allowed, convert, types, expected), worked out once instead of
+# on every frame (plain tuples: a named tuple's attributes cost a lookup each).
+_DECODE_PLANS: dict[type, tuple[tuple[str, bool, Any, tuple[type, ...], str], ...]] = {
+    cls: tuple(
+        (name, kind.startswith("opt_"), *_RULES[kind][2:], *_RULES[kind][:2])
+        for name, kind in cls.WIRE_FIELDS.items()  # type: ignore[attr-defined]
+    )
     for cls in MESSAGE_TYPES.values()
 }
 
 
+# Classes with a free-form map field: a tensor may sit anywhere in it, so they unpack with hooks.
+_UNPACK_WITH_HOOKS = frozenset(
+    cls
+    for cls in MESSAGE_TYPES.values()
+    if "dict" in cls.WIRE_FIELDS.values()  # type: ignore[attr-defined]
+)
+
+
 def decode_message(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LIMITS) -> Message:
     """Parse and validate one frame; raises :class:`WireError` with a stable code on bad input."""
-    body = unpackb(data, limits)
+    body, payload = unpack_message(data, limits)
     if not isinstance(body, dict):
         raise WireError(MALFORMED_FRAME, "a message must be a msgpack map")
     message_type = body.get("type")
     cls = MESSAGE_TYPES.get(message_type) if isinstance(message_type, str) else None
     if cls is None:
         raise WireError(UNKNOWN_MESSAGE, f"unknown message type {body.get('type')!r:.40}")
+    if cls in _UNPACK_WITH_HOOKS:
+        body = unpackb(data, limits)  # rare (once per session): every tensor in it becomes an array
     values = {}
-    for name, rule, nil_allowed in _DECODE_PLANS[cls]:
+    for name, nil_allowed, convert, types, expected in _DECODE_PLANS[cls]:
         value = body.get(name)
         if value is None and not nil_allowed:
             continue  # absent or nil: the field keeps its default
-        if rule.convert is not None:
-            value = rule.convert(name, value, limits)
-        elif type(value) not in rule.types:
-            raise _bad(name, rule.expected, value)
+        if convert is not None:
+            value = convert(name, value, limits, payload)
+        elif type(value) not in types:
+            raise _bad(name, expected, value)
         values[name] = value
     return cls(**values)
 

@@ -19,9 +19,21 @@ from rollserve.wire.limits import DEFAULT_LIMITS, WireLimits
 IMAGE_KEY = b"__image__"
 
 
+_UINT8 = np.dtype(np.uint8)
+
+
+def _rgb_size(image: Any) -> tuple[int, int] | None:
+    """(height, width) of a uint8 HxWx3 array, else None."""
+    if isinstance(image, np.ndarray) and image.dtype == _UINT8:
+        shape = image.shape
+        if len(shape) == 3 and shape[2] == 3:
+            return shape[0], shape[1]
+    return None
+
+
 def check_image(image: np.ndarray, name: str = "image") -> None:
     """Images are uint8, HxWx3 RGB."""
-    if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+    if _rgb_size(image) is None:
         shape = getattr(image, "shape", None)
         dtype = getattr(image, "dtype", type(image).__name__)
         raise WireError(BAD_IMAGE, f"{name} must be uint8 HxWx3 RGB, got {dtype} {shape}")
@@ -69,34 +81,39 @@ def decode_images(
     Count first, then every image's size and the message's total pixels from headers alone; only
     then is anything decompressed, so a decompression bomb costs a header read.
     """
-    if not isinstance(value, Mapping) or len(value) > limits.max_images:
+    if not (type(value) is dict or isinstance(value, Mapping)) or len(value) > limits.max_images:
         raise WireError(BAD_IMAGE, f"{name} must be a map of at most {limits.max_images} images")
-    sizes: dict[str, tuple[int, int]] = {}
+    images: dict[str, Any] = {}  # raw pixels at once; JPEG maps until every size is known
+    jpeg_sizes: dict[str, tuple[int, int]] = {}
     total = 0
     for cam, image in value.items():
         if not isinstance(cam, str):
             message = f"field {name!r} must be keyed by camera name, got {type(cam).__name__}"
             raise WireError(BAD_FIELD, message)
         if isinstance(image, np.ndarray):
-            check_image(image, f"image {cam!r}")
-            size = (image.shape[0], image.shape[1])
-            _check_size(*size, limits)
+            size = _rgb_size(image)
+            if size is None:
+                check_image(image, f"image {cam!r}")  # raises BAD_IMAGE
+            _check_size(*size, limits)  # type: ignore[misc]
         elif isinstance(image, dict) and image.get(IMAGE_KEY) is True:
             size = _image_size(image, limits)
+            if image.get(b"format") == "raw":
+                image = image[b"pixels"]
+            else:
+                jpeg_sizes[cam] = size
         else:
             check_image(image, f"image {cam!r}")  # not an image at all: raises BAD_IMAGE
             raise AssertionError("unreachable")
-        sizes[cam] = size
-        total += size[0] * size[1]
+        images[cam] = image
+        total += size[0] * size[1]  # type: ignore[index]
     if total > limits.max_total_image_pixels:
         raise WireError(
             IMAGE_TOO_LARGE,
-            f"{total} pixels in {len(sizes)} images exceeds the limit of {limits.max_total_image_pixels}",
+            f"{total} pixels in {len(images)} images exceeds the limit of {limits.max_total_image_pixels}",
         )
-    return {
-        cam: image if isinstance(image, np.ndarray) else _decode_checked(image, sizes[cam], limits)
-        for cam, image in value.items()
-    }
+    for cam, size in jpeg_sizes.items():
+        images[cam] = _decode_checked(images[cam], size, limits)
+    return images
 
 
 def _image_size(obj: dict[Any, Any], limits: WireLimits) -> tuple[int, int]:
@@ -106,8 +123,10 @@ def _image_size(obj: dict[Any, Any], limits: WireLimits) -> tuple[int, int]:
         image = obj.get(b"pixels")
         if not isinstance(image, np.ndarray):
             raise WireError(BAD_IMAGE, "raw image carries no pixel tensor")
-        check_image(image)
-        height, width = image.shape[0], image.shape[1]
+        size = _rgb_size(image)
+        if size is None:
+            check_image(image)  # raises BAD_IMAGE
+        height, width = size  # type: ignore[misc]
     elif fmt == "jpeg":
         data = obj.get(b"data")
         if not isinstance(data, bytes):

@@ -219,11 +219,15 @@ def _budget_cannot_run_out(data: Any, limits: WireLimits, size: int) -> bool:
     )
 
 
-def _unpack(data: Any, limits: WireLimits, size: int, payload: memoryview | None = None) -> Any:
-    if _budget_cannot_run_out(data, limits, size):
+def _unpack(
+    data: Any, limits: WireLimits, size: int, payload: memoryview | None = None, tensors: bool = True
+) -> Any:
+    if not _budget_cannot_run_out(data, limits, size):
+        object_hook, list_hook = _hooks(limits, size, payload)
+    elif tensors:
         object_hook, list_hook = _tensor_hook(limits, payload), None
     else:
-        object_hook, list_hook = _hooks(limits, size, payload)
+        object_hook = list_hook = None  # the caller turns the tensor maps it expects into arrays
     try:
         value = msgpack.unpackb(
             data,
@@ -245,20 +249,49 @@ def _unpack(data: Any, limits: WireLimits, size: int, payload: memoryview | None
     return value
 
 
-def unpackb(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LIMITS) -> Any:
-    """Decode one frame of either framing, or raise :class:`WireError` (never anything else)."""
+def _split(data: Any, limits: WireLimits) -> tuple[Any, int, memoryview | None]:
+    """The msgpack part of a frame of either framing, the frame's size, and its out-of-band payload."""
+    if type(data) is bytes and data[:4] == FRAME_MAGIC and len(data) <= limits.max_frame_bytes:
+        # the common case, spelled out: a received frame (bytes are read-only, views of them too)
+        header_len = int.from_bytes(data[4:8], "little")
+        start = _PREFIX.size + header_len
+        if _PREFIX.size <= start <= len(data):
+            view = memoryview(data)
+            return view[_PREFIX.size : start], len(data), view[start + (-start % _ALIGN) :]
     if not isinstance(data, bytes | bytearray | memoryview):
         raise WireError(MALFORMED_FRAME, f"expected a binary frame, got {type(data).__name__}")
-    if len(data) > limits.max_frame_bytes:
-        raise WireError(FRAME_TOO_LARGE, f"{len(data)} bytes exceeds the limit of {limits.max_frame_bytes}")
+    size = len(data)
+    if size > limits.max_frame_bytes:
+        raise WireError(FRAME_TOO_LARGE, f"{size} bytes exceeds the limit of {limits.max_frame_bytes}")
     if bytes(data[:4]) != FRAME_MAGIC:
-        return _unpack(data, limits, len(data))
+        return data, size, None
     view = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
-    if len(view) < _PREFIX.size:
+    size = len(view)
+    if size < _PREFIX.size:
         raise WireError(MALFORMED_FRAME, "truncated frame prefix")
     _, header_len = _PREFIX.unpack_from(view)
     start = _PREFIX.size + header_len
-    if start > len(view):
+    if start > size:
         raise WireError(BAD_SHAPE if header_len else MALFORMED_FRAME, "frame header runs past the frame")
     payload = view[start + (-start % _ALIGN) :].toreadonly()  # arrays viewing it are read-only too
-    return _unpack(view[_PREFIX.size : start], limits, len(view), payload)
+    return view[_PREFIX.size : start], size, payload
+
+
+def unpackb(data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LIMITS) -> Any:
+    """Decode one frame of either framing, or raise :class:`WireError` (never anything else)."""
+    document, size, payload = _split(data, limits)
+    return _unpack(document, limits, size, payload)
+
+
+def unpack_message(
+    data: bytes | bytearray | memoryview, limits: WireLimits = DEFAULT_LIMITS
+) -> tuple[Any, memoryview | None]:
+    """``unpackb`` for a caller that knows where tensors belong (the typed messages' decoder).
+
+    Returns the document and the frame's out-of-band payload. When the document's budget cannot
+    run out, msgpack unpacks it without any Python hook and tensor maps stay maps, for the caller
+    to turn into arrays with ``decode_array(map, limits, payload)`` where it expects one (a tensor
+    anywhere else is never built). Otherwise tensors come back as arrays, exactly as from ``unpackb``.
+    """
+    document, size, payload = _split(data, limits)
+    return _unpack(document, limits, size, payload, tensors=False), payload

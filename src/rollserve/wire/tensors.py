@@ -79,15 +79,26 @@ def encode_array(array: np.ndarray) -> dict[bytes, Any]:
     }
 
 
+# Native little-endian number dtypes and their wire strings: an array of one of these that is
+# C-contiguous is sent as it is, without ``_sendable`` and ``dtype.str`` (~0.5 us per array).
+_WIRE_STR: dict[np.dtype, str] = {dtype: name for name, dtype in _COMMON_DTYPES.items()}
+
+
 def encode_array_header(array: np.ndarray, offset: int) -> tuple[dict[bytes, Any], np.ndarray]:
     """The out-of-band wire map (no data, an ``[offset, nbytes]`` pointer) and the array whose bytes
-    to append (C-contiguous, so ``bytes.join`` takes it as it is)."""
-    array = _sendable(array)
+    to append (C-contiguous, so ``bytes.join`` takes it as it is).
+
+    The shape goes as the array's tuple: msgpack packs a tuple as the same array a list makes.
+    """
+    dtype_str = _WIRE_STR.get(array.dtype)
+    if dtype_str is None or not array.flags.c_contiguous:
+        array = _sendable(array)
+        dtype_str = array.dtype.str
     header = {
         NDARRAY_KEY: True,
         OOB_KEY: [offset, array.nbytes],
-        b"dtype": array.dtype.str,
-        b"shape": list(array.shape),
+        b"dtype": dtype_str,
+        b"shape": array.shape,
     }
     return header, array
 
@@ -141,9 +152,11 @@ def decode_array(
             data = memoryview(data).toreadonly()  # a view must never write into the sender's buffer
     else:
         pointer = obj.get(OOB_KEY)
-        if type(pointer) is not list or len(pointer) != 2 or _product(pointer, 2) < 0:
+        if type(pointer) is not list or len(pointer) != 2:
             raise WireError(MALFORMED_FRAME, "out-of-band tensor pointer must be [offset, nbytes]")
         offset, nbytes = pointer
+        if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0:
+            raise WireError(MALFORMED_FRAME, "out-of-band tensor pointer must be [offset, nbytes]")
         if offset + nbytes > len(payload):
             raise WireError(BAD_SHAPE, "out-of-band tensor runs past the end of the frame")
         data = payload
