@@ -57,7 +57,11 @@ MODULES: dict[str, CoreModule] = {
     ),
     "rollout": CoreModule(
         ("src/rollserve/server/rollout/service.py", "src/rollserve/server/rollout/store.py"),
-        ("tests/server/test_rollout_service.py", "tests/server/test_rollout_store.py"),
+        (
+            "tests/server/test_rollout_service.py",
+            "tests/server/test_rollout_service_rules.py",
+            "tests/server/test_rollout_store.py",
+        ),
     ),
     "auth": CoreModule(("src/rollserve/server/auth.py",), ("tests/server/test_auth.py",)),
     "guidance": CoreModule(

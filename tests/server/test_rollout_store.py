@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
-from rollserve.server.rollout.store import RolloutError, RolloutSession, RolloutStore
+from rollserve.server.rollout.store import Commit, RolloutError, RolloutSession, RolloutStore
 
 
 class Clock:
@@ -92,3 +94,96 @@ def test_tombstones_are_bounded() -> None:
         store.close(sid)
     assert store.peek(ids[0]) is None
     assert all(store.peek(sid) is not None for sid in ids[1:])
+
+
+def test_refusals_name_the_session_and_the_capacity() -> None:
+    store = RolloutStore(capacity=1, idle_ttl_s=10.0)
+    session(store, "a")
+    with pytest.raises(RolloutError) as err:
+        store.reserve("a")
+    assert (
+        str(err.value) == "session_exists: session 'a' already exists" and err.value.committed_step_id == -1
+    )
+    with pytest.raises(RolloutError) as err:
+        store.reserve("b")
+    assert err.value.message == "the server holds its maximum of 1 rollout sessions; close some"
+    for call in (store.get, store.close):
+        with pytest.raises(RolloutError) as err:
+            call("zz")
+        assert (err.value.code, err.value.message) == ("session_not_found", "session 'zz' does not exist")
+    with pytest.raises(ValueError, match="capacity must be >= 1"):
+        RolloutStore(capacity=0, idle_ttl_s=10.0)
+
+
+def test_expiry_is_strictly_after_the_ttl_and_frees_a_slot_at_capacity() -> None:
+    clock = Clock()
+    store = RolloutStore(capacity=1, idle_ttl_s=10.0, clock=clock)
+    a = session(store, "a")
+    a.committed_step_id = 2
+    clock.now = 10.0  # idle exactly the TTL: still alive, and the look-up restarts its idle clock
+    assert store.get("a") is a
+    clock.now = 19.5
+    assert store.get("a") is a
+    clock.now = 29.75
+    sid = store.reserve(None)  # a full store evicts an expired session first
+    assert sid != "a" and len(sid) == 32
+    with pytest.raises(RolloutError) as err:
+        store.get("a")
+    assert (err.value.code, err.value.message, err.value.committed_step_id) == (
+        "session_expired",
+        "session 'a' is expired",
+        2,
+    )
+    assert store.get("a", include_closed=True).closed_reason == "expired"
+
+
+def test_unforced_sweeps_run_at_most_every_quarter_ttl() -> None:
+    clock = Clock()
+    store = RolloutStore(capacity=4, idle_ttl_s=10.0, clock=clock)
+    a, b = session(store, "a"), session(store, "b")
+    clock.now = 0.5
+    store.touch(b)
+    clock.now = 10.25
+    assert store.sweep() == ["a"]
+    clock.now = 10.75  # b is idle 10.25 s now, but the last sweep was only 0.5 s ago
+    assert store.sweep() == []
+    assert not b.closed
+    clock.now = 12.75  # 2.5 s (a quarter TTL) after the last sweep
+    assert store.sweep() == ["b"]
+    assert a.closed_reason == b.closed_reason == "expired"
+
+
+def test_a_closed_session_is_not_touched_and_does_not_commit() -> None:
+    clock = Clock()
+    store = RolloutStore(capacity=2, idle_ttl_s=10.0, clock=clock)
+    a = session(store, "a")
+    store.close("a")
+    clock.now = 5.0
+    store.touch(a)
+    assert a.last_used == 0.0
+    change = Commit((0, -1), "T", np.ones(1, np.float32), 0, 1, None, 0)
+    assert asyncio.run(store.commit(a, change)) is False
+    assert a.committed_step_id == -1
+
+
+def test_a_commit_lands_only_on_the_state_it_was_planned_against() -> None:
+    store = RolloutStore(capacity=2, idle_ttl_s=10.0)
+    a = session(store, "a")
+    seeds = a.seeds
+    step = Commit((0, -1), "T1", np.ones(1, np.float32), 0, 1, None, 0)
+    assert asyncio.run(store.commit(a, step)) is True
+    assert (a.state, a.root, a.committed_step_id, a.context_length, a.epoch) == ("T1", "S", 0, 1, 0)
+    assert a.seeds is seeds  # a step keeps the episode start and seeds
+    assert asyncio.run(store.commit(a, step)) is False  # planned against (0, -1): stale now
+    new_seeds = np.random.default_rng(1)
+    reset = Commit((0, 0), "R", np.zeros(1, np.float32), -1, 0, None, 1, root="R", seeds=new_seeds)
+    assert asyncio.run(store.commit(a, reset)) is True
+    assert (a.state, a.root, a.committed_step_id, a.epoch) == ("R", "R", -1, 1) and a.seeds is new_seeds
+    stale = Commit((0, -1), "T2", np.ones(1, np.float32), 0, 1, None, 0)  # same step id, older epoch
+    assert asyncio.run(store.commit(a, stale)) is False
+
+
+def test_the_default_tombstone_bound_is_4096() -> None:
+    store = RolloutStore(capacity=1, idle_ttl_s=10.0)
+    ids = [store.close(session(store).session_id).session_id for _ in range(4097)]
+    assert store.peek(ids[0]) is None and store.peek(ids[1]) is not None

@@ -183,8 +183,11 @@ class RolloutService:
         self.settings = settings
         self._started = int(time.time())
         self.max_batch_items = max_batch_items
-        self.store: SessionStore = store or RolloutStore(
-            settings.max_rollout_sessions, settings.rollout_idle_ttl_s, clock=clock
+        # not ``store or ...``: an empty RolloutStore is falsy (``__len__``) and would be replaced
+        self.store: SessionStore = (
+            store
+            if store is not None
+            else RolloutStore(settings.max_rollout_sessions, settings.rollout_idle_ttl_s, clock=clock)
         )
         self.engine: BatchingWorker = BatchingWorker(
             partial(run_world_calls, world),
