@@ -70,10 +70,13 @@ async def test_runs_in_worker_thread_and_returns_timings() -> None:
 
     worker = BatchingWorker(run, name="test-engine")
     try:
+        before = time.perf_counter()
         done = await worker.submit(21)
+        elapsed = time.perf_counter() - before
         assert done.value == 42
         assert done.batch_size == 1
-        assert done.queue_wait_s >= 0 and done.run_s >= 0
+        # Both timings are parts of the call, measured independently around it.
+        assert 0 <= done.queue_wait_s <= elapsed and 0 <= done.run_s <= elapsed
         assert seen_threads == ["test-engine"]
     finally:
         worker.close()
@@ -617,3 +620,131 @@ async def test_inline_failures_of_the_whole_call_reach_the_caller(clock: ModelCl
         await worker.submit(1)  # refused on the inline path too (the model measured cheap)
     with pytest.raises(EngineClosed, match=r"^inference engine is shut down$"):
         worker.submit_future(1)
+
+
+async def test_defaults_serve_one_request_at_a_time_on_a_daemon_thread_named_rollserve_engine() -> None:
+    """The defaults: ``max_batch_size=1``, ``max_wait_s=0``, a thread named ``rollserve-engine`` that
+    does not keep the interpreter alive."""
+    gate = Gate()
+    names: list[str] = []
+
+    def run(items: list[int]) -> list[int]:
+        names.append(threading.current_thread().name)
+        return gate.run(items)
+
+    worker = BatchingWorker(run)
+    try:
+        assert (worker.max_batch_size, worker.max_wait_s, worker.inline_below_s) == (1, 0.0, 0.0)
+        (thread,) = [t for t in threading.enumerate() if t.name == "rollserve-engine" and t.is_alive()]
+        assert thread.daemon
+        first = worker.submit_future(0)
+        await gate.wait_started()
+        queued = [worker.submit_future(i) for i in (1, 2, 3)]
+        gate.release.set()
+        assert [f.result(WAIT).value for f in (first, *queued)] == [0, 2, 4, 6]
+        assert gate.sizes == [1, 1, 1, 1] and set(names) == {"rollserve-engine"}
+    finally:
+        gate.release.set()
+        worker.close()
+
+
+def test_settings_are_checked_and_clamped() -> None:
+    with pytest.raises(ValueError, match=r"^max_batch_size must be >= 1, got 0$"):
+        BatchingWorker(_doubling, max_batch_size=0)
+    worker = BatchingWorker(_doubling, max_batch_size=4, max_wait_s=0.02, inline_below_s=0.003)
+    try:
+        assert (worker.max_wait_s, worker.inline_below_s) == (0.02, 0.003)  # kept as given
+    finally:
+        worker.close()
+    worker = BatchingWorker(_doubling, max_batch_size=4, max_wait_s=-5.0)
+    try:
+        assert worker.max_wait_s == 0.0  # a negative wait means none
+    finally:
+        worker.close()
+
+
+def test_a_result_for_a_closed_event_loop_does_not_kill_the_worker() -> None:
+    """A caller's event loop may be closed while its request runs; the worker drops that result and
+    keeps serving."""
+    gate = Gate()
+    worker = BatchingWorker(gate.run)
+    loop = asyncio.new_event_loop()
+
+    async def submit_and_leave() -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(worker.submit(1))
+        await asyncio.sleep(0)  # the request is queued
+        return task
+
+    try:
+        task = loop.run_until_complete(submit_and_leave())
+        assert gate.started.wait(WAIT)
+        task.cancel()  # (unawaited: its loop is going away)
+        loop.close()
+        gate.release.set()  # the worker now settles a future of a closed loop
+        assert worker.submit_future(2).result(WAIT).value == 4
+        assert gate.ran == [1, 2]
+    finally:
+        gate.release.set()
+        worker.close()
+
+
+async def test_close_fails_what_is_still_queued_and_lets_the_running_batch_finish() -> None:
+    gate = Gate()
+    worker = BatchingWorker(gate.run)
+    first = worker.submit_future(0)
+    await gate.wait_started()
+    queued = [worker.submit_future(i) for i in (1, 2)]
+    closer = threading.Thread(target=worker.close, args=(WAIT,))
+    closer.start()
+    try:
+        for future in queued:
+            with pytest.raises(EngineClosed, match=r"^inference engine shut down before this request ran$"):
+                future.result(WAIT)
+    finally:
+        gate.release.set()
+        closer.join(WAIT)
+    assert first.result(WAIT).value == 0 and gate.ran == [0]
+
+
+def test_close_waits_for_the_thread_five_seconds_by_default_or_as_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    joins: list[tuple[str, float | None]] = []
+    real_join = threading.Thread.join
+
+    def join(self: threading.Thread, timeout: float | None = None) -> None:
+        joins.append((self.name, timeout))
+        real_join(self, timeout)
+
+    monkeypatch.setattr(threading.Thread, "join", join)
+    BatchingWorker(_doubling, name="engine-a").close()
+    BatchingWorker(_doubling, name="engine-b").close(0.25)
+    assert [j for j in joins if j[0].startswith("engine-")] == [("engine-a", 5.0), ("engine-b", 0.25)]
+
+
+async def test_a_request_waits_up_to_max_wait_s_for_the_partner_it_expects() -> None:
+    """After a batch of 1 with 1 queued meanwhile, the next batch expects 2: the lone request waits
+    ``max_wait_s`` (0.3 s; a busy machine only waits longer) for a partner, then runs alone."""
+    gate = Gate()
+    worker = BatchingWorker(gate.run, max_batch_size=8, max_wait_s=0.3)
+    try:
+        first = worker.submit_future(0)
+        await gate.wait_started()
+        lone = worker.submit_future(1)
+        gate.release.set()
+        assert first.result(WAIT).value == 0
+        done = lone.result(WAIT)
+        assert done.value == 2 and done.batch_size == 1 and gate.sizes == [1, 1]
+        assert done.queue_wait_s >= 0.3
+    finally:
+        gate.release.set()
+        worker.close()
+
+
+async def test_a_wrong_number_of_results_fails_every_item_of_the_batch_with_the_counts() -> None:
+    worker = BatchingWorker(lambda items: [0] * (len(items) + 1))
+    try:
+        with pytest.raises(RuntimeError, match=r"^run_batch returned 2 results for 1 requests$"):
+            await worker.submit(1)
+    finally:
+        worker.close()
