@@ -9,8 +9,15 @@ interpreter:
   nested-map and value floods, msgpack timestamps and extension types, JPEG bombs inside and outside
   ``images``, 17 images, huge and bool fields, NaN/inf/1e308 numbers, 10,000-item batches, bytes
   keys, oversized messages cut off while streaming, long client strings, ...);
-* a few connection-level attackers for the whole run: half-sent HTTP headers (slowloris) and
-  websocket clients that connect and stay quiet.
+* a few connection-level attackers for the whole run: half-sent HTTP headers (slowloris).
+
+Each surface's attacker is closed-loop (send, wait for the answer, send the next) on
+``--attack-connections`` connections at once. The server answers a connection that keeps sending
+refused input more slowly each time (``--refusal-delay-ms``, up to 100 ms by default), so one
+connection gets at most about 10 refusals a second; the attack uses several so the full run still
+ends in minutes, and the JSON line reports the input rate the attackers achieved
+(``attack_inputs_per_s``, and per surface) next to the p99s, plus the CPU the server and the
+attackers spent (on one machine the attackers' own CPU competes with the healthy clients too).
 
 Meanwhile one healthy robot (session protocol, one request every ``--interval-ms``) and one healthy
 trainer (rollout steps at the same pace) measure their round trips, first with the server idle,
@@ -27,6 +34,7 @@ import contextlib
 import json
 import logging
 import multiprocessing as mp
+import os
 import queue
 import re
 import socket
@@ -186,15 +194,17 @@ def _leaks(reply: Any) -> bool:
 
 
 def _ws_attack(
-    surface: str, url: str, inputs: list[tuple[str, Any, int]], count: int, opening: Any, out: Any
+    surface: str,
+    url: str,
+    inputs: list[tuple[str, Any, int]],
+    count: int,
+    opening: Any,
+    out: Any,
+    connections: int = 1,
 ) -> None:
-    from websockets.exceptions import ConnectionClosed
-    from websockets.sync.client import connect
-
-    logging.getLogger("websockets").setLevel(logging.CRITICAL)  # closes are expected here
-
     stats: dict[str, Any] = {
         "surface": surface,
+        "connections": connections,
         "sent": 0,
         "leaks": 0,
         "internal": 0,
@@ -202,8 +212,65 @@ def _ws_attack(
         "reconnects": 0,
         "classes": {},
     }
+    _in_threads(
+        stats,
+        connections,
+        lambda share, part: _ws_connection(url, inputs, count, share, connections, opening, part),
+    )
+    out.put(stats)
+
+
+def _in_threads(stats: dict[str, Any], connections: int, work: Any) -> None:
+    """Run ``work(share, part)`` for shares 0..connections-1, each on its own thread (its own
+    connection) counting into its own ``part``; then add the parts' counts into ``stats``."""
+    started = time.monotonic()
+    parts: list[dict[str, Any]] = [{"classes": {}, "statuses": {}} for _ in range(connections)]
+    threads = [threading.Thread(target=work, args=(i, parts[i]), daemon=True) for i in range(connections)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for part in parts:
+        for key, value in part.items():
+            if isinstance(value, dict):
+                into = stats.setdefault(key, {})
+                for name, n in value.items():
+                    into[name] = into.get(name, 0) + n
+            else:
+                stats[key] = stats.get(key, 0) + value
+    if not stats.get("statuses"):
+        stats.pop("statuses", None)
+    stats["seconds"] = round(time.monotonic() - started, 1)
+    stats["inputs_per_s"] = round(stats["sent"] / max(stats["seconds"], 1e-9), 1)
+    stats["cpu_s"] = round(time.process_time(), 1)  # this attacker process's own CPU, all threads
+
+
+_DEADLINE = [float("inf")]  # time.time() after which attackers stop (set in each attacker process)
+
+
+def _my_share(
+    inputs: list[tuple[str, Any, int]], count: int, share: int, of: int
+) -> Iterator[tuple[str, Any]]:
+    """Connection ``share`` of ``of`` sends every ``of``-th input of the one schedule, until the deadline."""
+    for n, item in enumerate(_schedule(inputs, count)):
+        if time.time() > _DEADLINE[0]:
+            return
+        if n % of == share:
+            yield item
+
+
+def _ws_connection(
+    url: str, inputs: list[tuple[str, Any, int]], count: int, share: int, of: int, opening: Any, stats: Any
+) -> None:
+    stats.update(sent=0, leaks=0, internal=0, closed_1009=0, reconnects=0)
+    """One closed-loop attacker connection: send, wait for the answer, send the next."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    logging.getLogger("websockets").setLevel(logging.CRITICAL)  # closes are expected here
+
     ws = None
-    for name, frame in _schedule(inputs, count):
+    for name, frame in _my_share(inputs, count, share, of):
         stats["classes"][name] = stats["classes"].get(name, 0) + 1
         for _ in range(2):  # a refused connection (1009, the idle deadline) is reopened once
             try:
@@ -232,7 +299,8 @@ def _ws_attack(
                 with contextlib.suppress(Exception):
                     ws.close()  # type: ignore[union-attr]
                 ws = None
-    out.put(stats)
+    with contextlib.suppress(Exception):
+        ws.close()  # type: ignore[union-attr]
 
 
 def _open_session(ws: Any) -> Any:
@@ -244,37 +312,50 @@ def _openpi_metadata(ws: Any) -> Any:
     return ws.recv(timeout=30)
 
 
-def attack_session(base_ws: str, count: int, out: Any) -> None:
-    _ws_attack("session_ws", f"{base_ws}/v1/policy/ws", session_inputs(), count, _open_session, out)
+def attack_session(base_ws: str, count: int, out: Any, connections: int = 1, deadline: float = 1e18) -> None:
+    _DEADLINE[0] = deadline
+    url = f"{base_ws}/v1/policy/ws"
+    _ws_attack("session_ws", url, session_inputs(), count, _open_session, out, connections)
 
 
-def attack_openpi(base_ws: str, count: int, out: Any) -> None:
-    _ws_attack("openpi_ws", f"{base_ws}/", openpi_inputs(), count, _openpi_metadata, out)
+def attack_openpi(base_ws: str, count: int, out: Any, connections: int = 1, deadline: float = 1e18) -> None:
+    _DEADLINE[0] = deadline
+    _ws_attack("openpi_ws", f"{base_ws}/", openpi_inputs(), count, _openpi_metadata, out, connections)
 
 
-def attack_rest(base_http: str, count: int, model: str, out: Any) -> None:
+def attack_rest(
+    base_http: str, count: int, model: str, out: Any, connections: int = 1, deadline: float = 1e18
+) -> None:
+    _DEADLINE[0] = deadline
     stats: dict[str, Any] = {
         "surface": "rest",
+        "connections": connections,
         "sent": 0,
         "leaks": 0,
         "internal": 0,
         "statuses": {},
         "classes": {},
     }
-    with httpx.Client(base_url=base_http, headers=AUTH, timeout=60.0) as http:
-        sid = http.post("/v1/realtime/sessions", json={"model": model, "seed": 0}).json()["session_id"]
-        for name, (path, content, media) in _schedule(rest_inputs(), count):
-            stats["classes"][name] = stats["classes"].get(name, 0) + 1
-            try:
-                resp = http.post(path.format(sid=sid), content=content, headers={"content-type": media})
-            except httpx.HTTPError:
-                stats["internal"] += 1
-                continue
-            stats["sent"] += 1
-            key = str(resp.status_code)
-            stats["statuses"][key] = stats["statuses"].get(key, 0) + 1
-            stats["leaks"] += _leaks(resp.content)
-            stats["internal"] += resp.status_code >= 500 or b"internal_error" in resp.content
+    inputs = rest_inputs()
+
+    def connection(share: int, stats: dict[str, Any]) -> None:
+        stats.update(sent=0, leaks=0, internal=0)
+        with httpx.Client(base_url=base_http, headers=AUTH, timeout=60.0) as http:
+            sid = http.post("/v1/realtime/sessions", json={"model": model, "seed": 0}).json()["session_id"]
+            for name, (path, content, media) in _my_share(inputs, count, share, connections):
+                stats["classes"][name] = stats["classes"].get(name, 0) + 1
+                try:
+                    resp = http.post(path.format(sid=sid), content=content, headers={"content-type": media})
+                except httpx.HTTPError:
+                    stats["internal"] += 1
+                    continue
+                stats["sent"] += 1
+                key = str(resp.status_code)
+                stats["statuses"][key] = stats["statuses"].get(key, 0) + 1
+                stats["leaks"] += _leaks(resp.content)
+                stats["internal"] += resp.status_code >= 500 or b"internal_error" in resp.content
+
+    _in_threads(stats, connections, connection)
     out.put(stats)
 
 
@@ -359,6 +440,13 @@ class Healthy:
 
 
 # -- the server ------------------------------------------------------------------------------------------
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as status:
         for line in status:
@@ -368,7 +456,9 @@ def rss_mb(pid: int) -> float:
 
 
 @contextlib.contextmanager
-def server(policy: str, world: str, log_path: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
+def server(
+    policy: str, world: str, log_path: Path, extra: list[str] | None = None
+) -> Iterator[tuple[subprocess.Popen[str], int]]:
     command = [
         sys.executable,
         "-m",
@@ -394,6 +484,7 @@ def server(policy: str, world: str, log_path: Path) -> Iterator[tuple[subprocess
         "64",
         "--log-level",
         "warning",
+        *(extra or []),
     ]
     with log_path.open("w") as log:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
@@ -430,12 +521,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float, default=3600.0, help="stop the attack after this")
     parser.add_argument("--slowloris", type=int, default=200, help="connections holding half a header")
     parser.add_argument("--rss-bound-mb", type=float, default=600.0, help="allowed peak RSS over idle")
+    parser.add_argument(
+        "--attack-connections", type=int, default=12,
+        help="closed-loop attacker connections per surface (each sends, waits for the answer, sends "
+        "the next; the server slows down connections that keep sending refused input)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--server-arg", action="append", default=[], metavar="FLAG=VALUE",
+        help="extra 'rollserve serve' flag, e.g. --server-arg=--refusal-delay-ms=0 (repeatable)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    extra = [part for flag in args.server_arg for part in flag.split("=", 1)]
 
     started = time.monotonic()
     with (
         tempfile.TemporaryDirectory() as tmp,
-        server(args.policy, args.world, Path(tmp) / "serve.log") as (proc, port),
+        server(args.policy, args.world, Path(tmp) / "serve.log", extra) as (proc, port),
     ):
         healthy = Healthy(port, args.world, args.interval_ms / 1000.0)
         healthy.run_for(2.0)  # warm-up
@@ -460,24 +561,32 @@ def main(argv: list[str] | None = None) -> int:
         context = mp.get_context("spawn")
         out: Any = context.Queue()
         ws_base, http_base = f"ws://127.0.0.1:{port}", f"http://127.0.0.1:{port}"
+        n, stop_at = args.attack_connections, time.time() + args.max_seconds  # attackers stop sending then
         workers = {
-            "session_ws": context.Process(target=attack_session, args=(ws_base, args.per_surface, out)),
-            "openpi_ws": context.Process(target=attack_openpi, args=(ws_base, args.per_surface, out)),
-            "rest": context.Process(target=attack_rest, args=(http_base, args.per_surface, args.world, out)),
+            "session_ws": context.Process(
+                target=attack_session, args=(ws_base, args.per_surface, out, n, stop_at)
+            ),
+            "openpi_ws": context.Process(
+                target=attack_openpi, args=(ws_base, args.per_surface, out, n, stop_at)
+            ),
+            "rest": context.Process(
+                target=attack_rest, args=(http_base, args.per_surface, args.world, out, n, stop_at)
+            ),
         }
-        attack_started = time.monotonic()
+        attack_started, server_cpu_started = time.monotonic(), cpu_s(proc.pid)
         healthy.start()
         for worker in workers.values():
             worker.start()
-        deadline = attack_started + args.max_seconds
+        deadline = attack_started + args.max_seconds + 90.0  # in-flight inputs time out after 60 s
         for worker in workers.values():
             worker.join(max(1.0, deadline - time.monotonic()))
-        timed_out = [name for name, worker in workers.items() if worker.is_alive()]
-        for name in timed_out:
+        killed = [name for name, worker in workers.items() if worker.is_alive()]
+        for name in killed:
             workers[name].terminate()
             workers[name].join()
         attack_robot, attack_trainer = healthy.stop()
         attack_seconds = time.monotonic() - attack_started
+        server_cpu = cpu_s(proc.pid) - server_cpu_started if proc.poll() is None else float("nan")
         stats: list[dict[str, Any]] = []
         while True:
             try:
@@ -494,6 +603,12 @@ def main(argv: list[str] | None = None) -> int:
         log_lines = sum(1 for _ in (Path(tmp) / "serve.log").open())
 
     sent = sum(s["sent"] for s in stats)
+    reported = {s["surface"]: s for s in stats}
+    timed_out = [
+        name
+        for name in workers
+        if name in killed or sum(reported[name]["classes"].values()) < args.per_surface
+    ]
     internal = sum(s["internal"] for s in stats)
     crashes = (0 if alive and health == 200 else 1) + internal + healthy.failures + len(timed_out)
     result = {
@@ -502,6 +617,9 @@ def main(argv: list[str] | None = None) -> int:
         "world": args.world,
         "per_surface": args.per_surface,
         "hostile_inputs_sent": sent,
+        "attack_connections_per_surface": args.attack_connections,
+        "attack_inputs_per_s": round(sent / attack_seconds, 1),
+        "server_args": extra,
         "crashes": crashes,
         "server_alive": alive,
         "internal_errors": internal,
@@ -520,6 +638,9 @@ def main(argv: list[str] | None = None) -> int:
         "healthy_requests": {"robot": len(attack_robot), "trainer": len(attack_trainer)},
         "server_log_lines": log_lines,
         "attack_seconds": round(attack_seconds, 1),
+        "server_cpu_s_during_attack": round(server_cpu, 1),
+        "server_cpu_ms_per_input": round(1000.0 * server_cpu / max(sent, 1), 2),
+        "attackers_cpu_s": round(sum(s["cpu_s"] for s in stats), 1),
         "total_seconds": round(time.monotonic() - started, 1),
         **slow_result,
         "surfaces": stats,

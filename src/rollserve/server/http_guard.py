@@ -5,6 +5,9 @@ then trickles (or nothing) stays open forever, holding a file descriptor. This s
 uvicorn's httptools protocol starts a timer when a connection opens and when each request begins,
 stops it when the request's headers are complete, and closes the connection when it fires or when
 the headers grow beyond a size cap. Bodies and websockets are unaffected (their own limits apply).
+
+It also gives each connection its :class:`RefusalStreak` (in every request's scope), so the
+routes can slow down a connection that keeps sending refused input (``server/penalty.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import asyncio
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from rollserve.server.penalty import SCOPE_KEY, RefusalStreak
 
 _HEADERS_TOO_LARGE = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
@@ -28,6 +33,7 @@ def guarded_http_protocol(header_timeout_s: float, max_header_bytes: int) -> typ
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self._refusals = RefusalStreak()
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
@@ -45,6 +51,7 @@ def guarded_http_protocol(header_timeout_s: float, max_header_bytes: int) -> typ
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self.scope[SCOPE_KEY] = self._refusals  # type: ignore[literal-required]
             if self._header_timer is None:
                 self._arm()
 

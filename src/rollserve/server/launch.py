@@ -99,6 +99,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     limits.add_argument(
         "--max-connections", type=int, default=2048, help="open connections; above it new requests get 503"
     )
+    limits.add_argument(
+        "--refusal-delay-ms", type=float, default=1.0,
+        help="a connection's k-th refused input in a row waits min(max, this * 2^(k-1)) ms before its "
+        "reply (REST) or its next message is read (websockets); an accepted request resets it; 0: off",
+    )  # fmt: skip
+    limits.add_argument(
+        "--refusal-delay-max-ms", type=float, default=100.0, help="the most one refusal is delayed"
+    )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     scale = parser.add_argument_group(
         'scale-out on Ray Serve (pip install "rollserve[ray]"; docs/scale-out.md)'
@@ -244,6 +252,8 @@ def main(args: argparse.Namespace) -> int:
         header_timeout_s=args.header_timeout_s,
         keep_alive_timeout_s=args.keep_alive_s,
         max_connections=args.max_connections,
+        refusal_delay_ms=args.refusal_delay_ms,
+        refusal_delay_max_ms=args.refusal_delay_max_ms,
     )
     if args.ray:
         from rollserve.scale.launch import serve_on_ray

@@ -10,7 +10,8 @@ Decoding stays on the event loop only while it is cheap (see ``_decode``): a fra
 decompress, a big msgpack part, or many small objects is decoded on a worker thread (about 0.2 ms
 of server CPU for the hand-off, paid only by such frames). Each client address may hold
 ``max_connections_per_client`` connections, and a connection that sends nothing for
-``policy_idle_timeout_s`` is closed.
+``policy_idle_timeout_s`` is closed. A connection whose frames keep being refused has its next
+frame read later each time (``server/penalty.py``); a good request resets that.
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ from fastapi import FastAPI, WebSocket
 from rollserve.engine.batcher import Superseded
 from rollserve.engine.policy_errors import (
     INFERENCE_ERROR,
+    STALE_EPOCH,
     UNAVAILABLE,
     UNEXPECTED_MESSAGE,
     UNKNOWN_SESSION,
     PolicyError,
 )
 from rollserve.server.metrics import METRICS
+from rollserve.server.penalty import RefusalPenalty, RefusalStreak
 from rollserve.server.policy.connections import AddressLimiter, IdleWatch, client_address
 from rollserve.server.policy.openpi_layouts import LayoutError, describe_layout, to_observation
 from rollserve.server.policy.service import PolicyService
@@ -68,20 +71,50 @@ _INLINE_BYTES = 4 * 1024 * 1024  # ... unless below this and cheap: few maps and
 _INLINE_CONTAINERS = 2048  # a real observation has tens; a flood bails out after ~1 ms
 _JPEG_TAG = b"\xa4jpeg"  # the msgpack string "jpeg": an image map's format
 _DISCONNECT = "websocket.disconnect"
+# errors that are not the client's input at fault (or that a correct client meets in a race):
+# they never slow a connection down
+_NOT_PENALISED = frozenset({INFERENCE_ERROR, UNAVAILABLE, STALE_EPOCH, UNKNOWN_SESSION})
+
+
+class _Refusals:
+    """A connection's refusal streak and the time before which its next frame is not read."""
+
+    __slots__ = ("penalty", "streak", "until")
+
+    def __init__(self, penalty: RefusalPenalty) -> None:
+        self.penalty, self.streak, self.until = penalty, RefusalStreak(), 0.0
+
+    def judge(self, code: str | None, retryable: bool = False) -> None:
+        """Record a reply: an accepted request (``code`` None) resets the streak."""
+        if code is None:
+            self.penalty.served(self.streak)
+        elif code not in _NOT_PENALISED and not retryable:
+            delay = self.penalty.refused(self.streak)
+            if delay > 0.0:
+                self.until = asyncio.get_running_loop().time() + delay
+
+    async def wait(self) -> None:
+        """Before reading the next frame: wait out the delay of the last refusal, if any."""
+        if self.until:
+            left = self.until - asyncio.get_running_loop().time()
+            self.until = 0.0
+            if left > 0.0:
+                await asyncio.sleep(left)
 
 
 def add_policy_routes(app: FastAPI, service: PolicyService, settings: ServerSettings) -> None:
     """Mount both policy websockets on ``app``."""
 
     limiter = AddressLimiter(settings.max_connections_per_client)
+    penalty = RefusalPenalty(settings.refusal_delay_ms, settings.refusal_delay_max_ms)
 
     @app.websocket(SESSION_PATH)
     async def policy_session_ws(websocket: WebSocket) -> None:
-        await _admitted(websocket, limiter, _SessionSocket(websocket, service, settings).run)
+        await _admitted(websocket, limiter, _SessionSocket(websocket, service, settings, penalty).run)
 
     @app.websocket(OPENPI_PATH)
     async def openpi_ws(websocket: WebSocket) -> None:
-        await _admitted(websocket, limiter, _OpenpiSocket(websocket, service, settings).run)
+        await _admitted(websocket, limiter, _OpenpiSocket(websocket, service, settings, penalty).run)
 
 
 async def _admitted(websocket: WebSocket, limiter: AddressLimiter, run: Any) -> None:
@@ -155,11 +188,14 @@ class _SessionSocket:
 
     route = "policy_ws"
 
-    def __init__(self, websocket: WebSocket, service: PolicyService, settings: ServerSettings) -> None:
+    def __init__(
+        self, websocket: WebSocket, service: PolicyService, settings: ServerSettings, penalty: RefusalPenalty
+    ) -> None:
         self.ws = websocket
         self.service = service
         self.settings = settings
         self.limits = settings.limits
+        self.refusals = _Refusals(penalty)
         self.session: PolicySession | None = None
         self._send_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -171,6 +207,7 @@ class _SessionSocket:
             while (message := await self.ws.receive())["type"] != _DISCONNECT:
                 idle.touch()
                 await self._on_frame(message)
+                await self.refusals.wait()
         finally:
             idle.stop()
             for task in self._tasks:
@@ -208,6 +245,8 @@ class _SessionSocket:
         self._drop_session()
         ack, self.session = self.service.open_session(msg)
         METRICS.active_sessions.labels(kind="policy").set(len(self.service.sessions))
+        if self.session is not None:  # a refused open (the server is full) is no fault of the client
+            self.refusals.judge(None)
         await self._send(encode_message(ack))
 
     async def _reset(self, msg: ResetMsg) -> None:
@@ -219,6 +258,7 @@ class _SessionSocket:
         except PolicyError as exc:
             await self._error(exc.code, exc.message, msg.header.seq_id)
             return
+        self.refusals.judge(None)
         await self._send(encode_message(ResetAck(header=msg.header, session_epoch=epoch)))
 
     async def _observe(self, msg: ObservationMsg) -> None:
@@ -239,6 +279,7 @@ class _SessionSocket:
             await self._error(INFERENCE_ERROR, "internal server error", seq_id)
             return
         _observe_timings(reply)
+        self.refusals.judge(None)
         await self._send(encode_message(reply))
 
     def _spawn(self, coro: Any) -> None:
@@ -256,6 +297,7 @@ class _SessionSocket:
         self, code: str, message: str, seq_id: int | None = None, retryable: bool = False
     ) -> None:
         METRICS.errors.labels(route=self.route, code=code).inc()
+        self.refusals.judge(code, retryable)
         await self._send(
             encode_message(ErrorMsg(code=code, message=message, seq_id=seq_id, retryable=retryable))
         )
@@ -273,11 +315,14 @@ class _OpenpiSocket:
 
     route = "openpi"
 
-    def __init__(self, websocket: WebSocket, service: PolicyService, settings: ServerSettings) -> None:
+    def __init__(
+        self, websocket: WebSocket, service: PolicyService, settings: ServerSettings, penalty: RefusalPenalty
+    ) -> None:
         self.ws = websocket
         self.service = service
         self.settings = settings
         self.limits = settings.limits
+        self.refusals = _Refusals(penalty)
         self.session: PolicySession | None = None
         self.open_refusal = ""
 
@@ -324,7 +369,10 @@ class _OpenpiSocket:
 
     async def _serve(self, idle: IdleWatch) -> None:
         seq_id, prev_total_ms = 0, 0.0
-        while (message := await self.ws.receive())["type"] != _DISCONNECT:
+        while True:
+            await self.refusals.wait()
+            if (message := await self.ws.receive())["type"] == _DISCONNECT:
+                break
             idle.touch()
             started = time.perf_counter()
             if self.session is None:
@@ -347,6 +395,7 @@ class _OpenpiSocket:
                 await self._error(INFERENCE_ERROR, "internal server error")
                 continue
             _observe_timings(reply)
+            self.refusals.judge(None)
             timing = {
                 "infer_ms": reply.inference_ms,
                 "queue_wait_ms": reply.queue_wait_ms,
@@ -369,4 +418,5 @@ class _OpenpiSocket:
 
     async def _error(self, code: str, message: str) -> None:
         METRICS.errors.labels(route=self.route, code=code).inc()
+        self.refusals.judge(code)
         await self.ws.send_text(f"{code}: {message}")

@@ -8,7 +8,8 @@ with a size cap before anything is parsed, and nothing internal (tracebacks) is 
 Bodies above 64 KiB (or carrying a JPEG) are parsed, validated and fingerprinted on a worker
 thread, so a big body never stalls other clients; small ones stay on the event loop (no hand-off).
 A JSON body may hold at most ``max_json_values`` values (counted before parsing: ``json.loads``
-holds the GIL for its whole run), a msgpack body is budgeted while it unpacks.
+holds the GIL for its whole run), a msgpack body is budgeted while it unpacks. A connection whose
+requests keep being refused for what they hold gets its refusals later each time (``penalty``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
 
 from rollserve.server.metrics import METRICS
+from rollserve.server.penalty import RefusalPenalty, http_streak
 from rollserve.server.rollout.protocol import (
     BatchStepRequest,
     CreateSessionRequest,
@@ -52,6 +54,11 @@ _TOO_LARGE = frozenset({FRAME_TOO_LARGE, TOO_MANY_OBJECTS})
 _DRAIN_FACTOR = 4  # read (and drop) up to this many times the limit, so the client gets its 413
 _OFFLOAD_BYTES = 64 * 1024  # bodies above this are parsed and validated on a worker thread
 _JPEG_TAG = b"\xa4jpeg"  # the msgpack string "jpeg": an image map to decompress
+# what the client got wrong (a connection sending only these is slowed down); conflicts, expiry,
+# capacity and the server's own failures never count
+_CLIENT_FAULTS = frozenset(
+    {"invalid_request", "payload_too_large", "unsupported_media_type", "session_not_found", "model_not_found"}
+)
 
 Body = TypeVar("Body", bound=BaseModel)
 
@@ -73,6 +80,17 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
         settings.limits, max_frame_bytes=min(settings.limits.max_frame_bytes, settings.max_body_bytes)
     )
     json_values = settings.max_json_values
+    penalty = RefusalPenalty(settings.refusal_delay_ms, settings.refusal_delay_max_ms)
+
+    async def judged(request: Request, code: str | None, response: Response) -> Response:
+        """``response``, after the connection's refusal delay when ``code`` is the client's fault."""
+        streak = http_streak(request.scope)
+        if streak is not None:
+            if code in _CLIENT_FAULTS:
+                await penalty.hold(streak)
+            else:
+                penalty.served(streak)
+        return response
 
     def parse(data: bytes, media: str, body_model: type[Body], route: str) -> tuple[Any, Body]:
         """Bytes to a validated request (raw map kept for error replies). Runs on a worker thread
@@ -124,17 +142,17 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
             code = result.error.code if isinstance(result, RolloutStepResponse) and result.error else None
             if code:
                 METRICS.errors.labels(route=route, code=code).inc()
-            return _render(result, status_for(code, mode, step=route == "step") if code else 200, raw)
+            status = status_for(code, mode, step=route == "step") if code else 200
+            return await judged(request, code, _render(result, status, raw))
         METRICS.errors.labels(route=route, code=error.code).inc()
         status = status_for(error.code, mode, step=route == "step")
         if route == "step" and session_id is not None:
             step_id = parsed.get("step_id") if isinstance(parsed, dict) else None
             step_id = step_id if isinstance(step_id, int) and not isinstance(step_id, bool) else -1
             refused = await service.refused_step(session_id, step_id, error.code, error.message)
-            return _render(refused, status, raw)
-        return _render_plain(
-            error_body(error.code, error.message, error.committed_step_id, status, mode), status, raw
-        )
+            return await judged(request, error.code, _render(refused, status, raw))
+        body = error_body(error.code, error.message, error.committed_step_id, status, mode)
+        return await judged(request, error.code, _render_plain(body, status, raw))
 
     async def create_session(request: Request) -> Response:
         return await serve(
@@ -205,7 +223,7 @@ class _Refused(Exception):
     """A body that parsed but was refused; keeps the parsed map so a step error can echo its step_id."""
 
     def __init__(self, parsed: Any, error: Exception) -> None:
-        super().__init__(str(error))
+        super().__init__(type(error).__name__)  # not str(error): pydantic would format every error
         self.parsed, self.error = parsed, error
 
 

@@ -1,0 +1,62 @@
+"""A growing delay for connections that keep sending refused input (``--refusal-delay-ms``).
+
+Every refusal is cheap, but a client that sends nothing but bad input, as fast as the server
+answers, still takes a share of the CPU from everyone else: a closed-loop client's rate is set by
+how fast the server answers it. So each connection keeps a count of refusals in a row; after the
+k-th the server waits ``min(max_s, base_s * 2**(k-1))`` before it reads that connection's next
+message (websockets) or sends the refusal (HTTP, where the next request cannot come sooner). One
+accepted request resets the count, so a client that never sends bad input never waits, and one
+that sends a single bad frame waits ``base_s`` once. Only what the client got wrong counts
+(malformed, too large, invalid); the server's own failures and "try later" answers do not.
+
+Per connection, not per address: clients behind one address (NAT, one lab machine) must not slow
+each other down. A client that reconnects after every refusal starts at zero again, but pays a
+handshake each time, and the per-address connection cap bounds how many it holds at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+SCOPE_KEY = "rollserve.refusals"  # an HTTP request's scope: its connection's RefusalStreak
+
+
+class RefusalStreak:
+    """One connection's count of refused inputs in a row."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+class RefusalPenalty:
+    """The delay rule, shared by every connection; ``base_ms == 0`` turns it off."""
+
+    def __init__(self, base_ms: float, max_ms: float) -> None:
+        self.base_s = max(0.0, base_ms) / 1000.0
+        self.max_s = max(self.base_s, max_ms / 1000.0)
+
+    def refused(self, streak: RefusalStreak) -> float:
+        """Count one more refusal; returns how long to hold the connection (seconds)."""
+        if self.base_s <= 0.0:
+            return 0.0
+        streak.count += 1
+        return min(self.max_s, self.base_s * 2.0 ** min(streak.count - 1, 62))
+
+    @staticmethod
+    def served(streak: RefusalStreak) -> None:
+        streak.count = 0
+
+    async def hold(self, streak: RefusalStreak) -> None:
+        """Count a refusal and wait out its delay."""
+        delay = self.refused(streak)
+        if delay > 0.0:
+            await asyncio.sleep(delay)
+
+
+def http_streak(scope: dict[str, Any]) -> RefusalStreak | None:
+    """The streak of the HTTP connection that carried this request (None without rollserve's
+    HTTP protocol, e.g. the h11 fallback or an in-process test client: then nothing is delayed)."""
+    return scope.get(SCOPE_KEY)

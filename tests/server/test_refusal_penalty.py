@@ -1,0 +1,203 @@
+"""A connection that keeps sending refused input is slowed down; nobody else is (issue 8, soak).
+
+Checked against real servers (uvicorn on 127.0.0.1, real websockets and HTTP): after a refusal,
+that connection's next frame is read (websockets), or its next refusal answered (REST), only after
+the delay, while another connection of the same address is answered at once; an accepted request
+resets the count; ``refusal_delay_ms=0`` turns it off. Times are lower bounds or orderings only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from openpi_client import msgpack_numpy
+from websockets.sync.client import ClientConnection, connect
+
+from rollserve.models.simple_policies import ChunkPolicy
+from rollserve.models.worlds import ToyWorld
+from rollserve.server.app import create_app
+from rollserve.server.penalty import RefusalPenalty, RefusalStreak
+from rollserve.server.policy.routes import _Refusals
+from rollserve.server.policy.service import PolicyService
+from rollserve.server.rollout.service import RolloutService
+from rollserve.server.running import RunningServer, serving
+from rollserve.server.settings import ServerSettings
+from rollserve.wire import (
+    ActionChunkMsg,
+    ErrorMsg,
+    MsgHeader,
+    ObservationMsg,
+    SessionOpen,
+    decode_message,
+    encode_message,
+)
+
+DELAY_S = 1.5  # long enough that "answered during the hold" is an ordering, not a speed check
+STATE = np.linspace(-1, 1, 6, dtype=np.float32)
+GARBAGE = b"\xc1\xc1 not msgpack"
+
+
+def test_the_delay_doubles_per_refusal_in_a_row_up_to_the_cap_and_resets_on_success() -> None:
+    penalty, streak = RefusalPenalty(base_ms=10.0, max_ms=50.0), RefusalStreak()
+    assert [penalty.refused(streak) for _ in range(5)] == [0.01, 0.02, 0.04, 0.05, 0.05]
+    penalty.served(streak)
+    assert penalty.refused(streak) == 0.01
+    off = RefusalPenalty(base_ms=0.0, max_ms=50.0)
+    assert [off.refused(streak) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert RefusalPenalty(base_ms=1.0, max_ms=100.0).refused(RefusalStreak()) == 0.001
+    long = RefusalStreak()
+    long.count = 10_000  # no overflow after a very long streak
+    assert RefusalPenalty(1.0, 100.0).refused(long) == 0.1
+
+
+def test_only_the_clients_own_mistakes_count() -> None:
+    async def judge(code: str | None, retryable: bool = False) -> int:
+        refusals = _Refusals(RefusalPenalty(10.0, 50.0))
+        refusals.judge("bad_field")
+        refusals.judge(code, retryable)
+        return refusals.streak.count
+
+    run = asyncio.run
+    assert run(judge("malformed_frame")) == 2
+    assert run(judge("too_many_objects")) == 2
+    assert run(judge(None)) == 0  # an accepted request resets
+    for not_the_clients in ("inference_error", "unavailable", "stale_epoch", "unknown_session"):
+        assert run(judge(not_the_clients)) == 1, not_the_clients
+    assert run(judge("bad_field", retryable=True)) == 1
+
+
+@contextlib.contextmanager
+def _policy_server(**settings: Any) -> Iterator[RunningServer]:
+    config = ServerSettings(max_batch_wait_ms=0.0, **settings)
+    with serving(create_app(config, policy=PolicyService(ChunkPolicy(), config))) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def _session(server: RunningServer) -> Iterator[ClientConnection]:
+    with connect(server.ws_url + "/v1/policy/ws", max_size=None, compression=None) as ws:
+        ws.send(encode_message(SessionOpen(state_dim=6)))
+        assert decode_message(ws.recv(timeout=10)).accepted
+        yield ws
+
+
+def _observation(seq_id: int) -> bytes:
+    return encode_message(ObservationMsg(header=MsgHeader(seq_id=seq_id), state=STATE))
+
+
+def test_a_refused_session_connection_waits_while_another_is_served_at_once() -> None:
+    settings = {"refusal_delay_ms": DELAY_S * 1000, "refusal_delay_max_ms": 4 * DELAY_S * 1000}
+    with (
+        _policy_server(**settings) as server,
+        _session(server) as attacker,
+        _session(server) as robot,
+    ):
+        attacker.send(GARBAGE)
+        assert isinstance(decode_message(attacker.recv(timeout=10)), ErrorMsg)  # answered at once
+        held = time.monotonic()
+        attacker.send(GARBAGE)  # not read before the delay is over
+        robot.send(_observation(1))
+        assert isinstance(decode_message(robot.recv(timeout=10)), ActionChunkMsg)
+        robot_done = time.monotonic()
+        assert isinstance(decode_message(attacker.recv(timeout=30)), ErrorMsg)
+        attacker_done = time.monotonic()
+        assert robot_done < attacker_done
+        assert attacker_done - held >= DELAY_S * 0.9
+        for seq_id in range(2, 6):  # the robot, which sends nothing wrong, never waits
+            robot.send(_observation(seq_id))
+            assert isinstance(decode_message(robot.recv(timeout=10)), ActionChunkMsg)
+
+
+def test_an_accepted_request_resets_the_count() -> None:
+    settings = {"refusal_delay_ms": DELAY_S * 1000, "refusal_delay_max_ms": 8 * DELAY_S * 1000}
+    with _policy_server(**settings) as server, _session(server) as ws:
+        ws.send(GARBAGE)
+        ws.recv(timeout=10)
+        ws.send(_observation(1))  # read after one delay, accepted: the streak is over
+        assert isinstance(decode_message(ws.recv(timeout=30)), ActionChunkMsg)
+        ws.send(GARBAGE)
+        ws.recv(timeout=10)  # the first refusal of a new streak: one delay again, not two
+        started = time.monotonic()
+        ws.send(_observation(2))
+        assert isinstance(decode_message(ws.recv(timeout=30)), ActionChunkMsg)
+        assert time.monotonic() - started >= DELAY_S * 0.9
+
+
+def test_openpi_connections_are_slowed_down_the_same_way() -> None:
+    settings = {"refusal_delay_ms": DELAY_S * 1000, "refusal_delay_max_ms": 4 * DELAY_S * 1000}
+    with (
+        _policy_server(**settings) as server,
+        connect(server.ws_url, max_size=None, compression=None) as attacker,
+    ):
+        msgpack_numpy.unpackb(attacker.recv(timeout=10))
+        attacker.send(msgpack_numpy.packb({"state": np.full(6, np.nan, np.float32)}))
+        assert attacker.recv(timeout=10).startswith("bad_field")
+        held = time.monotonic()
+        attacker.send(GARBAGE)
+        assert attacker.recv(timeout=30).startswith("malformed_frame")
+        assert time.monotonic() - held >= DELAY_S * 0.9
+
+
+@pytest.fixture(scope="module")
+def rollout_server() -> Iterator[RunningServer]:
+    settings = ServerSettings(
+        max_batch_wait_ms=0.0, refusal_delay_ms=DELAY_S * 1000, refusal_delay_max_ms=4 * DELAY_S * 1000
+    )
+    with serving(create_app(settings, rollout=RolloutService(ToyWorld(), settings))) as server:
+        yield server
+
+
+def _create(http: httpx.Client) -> str:
+    resp = http.post("/v1/realtime/sessions", json={"model": "toy", "seed": 1})
+    assert resp.status_code == 200, resp.text
+    return resp.json()["session_id"]
+
+
+def _good_step(step_id: int) -> dict[str, Any]:
+    action = {"joint_positions": [0.1] * 7, "gripper_position": 0.5}
+    return {"step_id": step_id, "observation": {"prompt": "reach"}, "action": action}
+
+
+def test_a_refused_rest_connection_waits_while_another_is_served_at_once(
+    rollout_server: RunningServer,
+) -> None:
+    url = rollout_server.http_url
+    with (
+        httpx.Client(base_url=url, timeout=30.0) as attacker,
+        httpx.Client(base_url=url, timeout=30.0) as trainer,
+    ):
+        sid, own = _create(trainer), _create(attacker)
+        bad = {"content": b'{"step_id": ', "headers": {"content-type": "application/json"}}
+        first = time.monotonic()
+        assert attacker.post(f"/v1/realtime/sessions/{own}/step", **bad).status_code == 400
+        assert time.monotonic() - first >= DELAY_S * 0.9  # the first refusal already waits
+        done: dict[str, float] = {}
+
+        def refused_again() -> None:
+            resp = attacker.post(f"/v1/realtime/sessions/{own}/step", **bad)
+            assert resp.status_code == 400
+            done["attacker"] = time.monotonic()
+
+        thread = threading.Thread(target=refused_again)
+        held = time.monotonic()
+        thread.start()
+        time.sleep(0.05)
+        assert trainer.post(f"/v1/realtime/sessions/{sid}/step", json=_good_step(0)).status_code == 200
+        done["trainer"] = time.monotonic()
+        thread.join(60)
+        assert done["trainer"] < done["attacker"]
+        assert done["attacker"] - held >= 2 * DELAY_S * 0.9  # the second in a row: twice as long
+        for step_id in range(1, 4):  # the trainer, which sends nothing wrong, never waits
+            started = time.monotonic()
+            assert (
+                trainer.post(f"/v1/realtime/sessions/{sid}/step", json=_good_step(step_id)).status_code == 200
+            )
+            assert time.monotonic() - started < DELAY_S * 10  # (a generous bound: only no delay)
