@@ -32,6 +32,7 @@ from common import emit_json, print_table
 
 from rollserve.wire import (
     ActionChunkMsg,
+    MsgHeader,
     ObservationMsg,
     decode_action_chunk,
     decode_observation,
@@ -75,6 +76,11 @@ def codec_cases(cameras: int, jpeg: bool = True) -> dict[str, dict[str, Callable
     msg_raw = ObservationMsg(state=obs["state"], images=obs["images"], task=obs["prompt"], jpeg_quality=0)
     msg_jpeg = ObservationMsg(state=obs["state"], images=obs["images"], task=obs["prompt"], jpeg_quality=90)
     chunk_msg = ActionChunkMsg(chunk_model=chunk, chunk_robot=chunk)
+    # The same content as ``chunk_msg`` in openpi-client's codec (untyped, nothing validated): the
+    # target compares with the bare two-key dict above; this row shows what the extra fields cost.
+    chunk_fields = {"type": "action_chunk", "header": vars(MsgHeader())} | {
+        name: getattr(chunk_msg, name) for name in ActionChunkMsg.WIRE_FIELDS if name != "header"
+    }
     reply = {"actions": chunk, "server_timing": {"infer_ms": 0.42}}  # the openpi endpoint's reply
     obs_arrays = [*obs["images"].values(), obs["state"]]
     cases: dict[str, dict[str, Callable[[], Any]]] = {
@@ -91,6 +97,7 @@ def codec_cases(cameras: int, jpeg: bool = True) -> dict[str, dict[str, Callable
                 msgpack_numpy.packb({"actions": chunk, "actions_robot": chunk})
             ),
             "pickle": lambda: pickle.loads(pickle.dumps({"a": chunk, "b": chunk}, protocol=5)),
+            "openpi-client, same fields": lambda: msgpack_numpy.unpackb(msgpack_numpy.packb(chunk_fields)),
         },
         "openpi reply 50x8": {
             "rollserve": lambda: unpackb(packb(reply)),
