@@ -1169,3 +1169,230 @@ async def test_a_repeated_batch_item_does_not_stop_the_items_after_it(service) -
     resp = await service.batch_step(BatchStepRequest(items=[item(a, 0), item(a, 1), item(b, 0)]))
     assert [r.status for r in resp.results] == ["ok", "error", "ok"]
     assert (await service.get_status(b)).committed_step_id == 0
+
+
+class DeviceTensor:
+    """Behaves like a torch tensor that needs grad, is half precision and lives on a GPU: ``numpy()``
+    works only after ``detach()``, ``float()`` and ``cpu()``, as with torch."""
+
+    def __init__(self, values: list[float], done: frozenset[str] = frozenset()) -> None:
+        self.values, self.done = values, done
+
+    def _then(self, method: str) -> DeviceTensor:
+        return DeviceTensor(self.values, self.done | {method})
+
+    def detach(self) -> DeviceTensor:
+        return self._then("detach")
+
+    def float(self) -> DeviceTensor:
+        return self._then("float")
+
+    def cpu(self) -> DeviceTensor:
+        return self._then("cpu")
+
+    def numpy(self) -> np.ndarray:
+        missing = {"detach", "float", "cpu"} - self.done
+        if missing:
+            raise TypeError(f"call {sorted(missing)} first")
+        return np.asarray(self.values, dtype=np.float32)
+
+
+async def test_world_outputs_may_be_device_tensors_or_plain_lists(world) -> None:
+    class TensorWorld(PinWorld):
+        def step_batch(self, steps):
+            outs = super().step_batch(steps)
+            return [
+                dataclasses.replace(
+                    o,
+                    observation=DeviceTensor(o.observation.tolist())
+                    if s.action[0] > 0
+                    else o.observation.tolist(),
+                    vector=DeviceTensor([1.0, 2.0]),
+                    images=None,
+                    action=None,
+                )
+                for o, s in zip(outs, steps, strict=True)
+            ]
+
+    svc = RolloutService(TensorWorld(), FAST)
+    try:
+        sid = await create(svc, seed=1)
+        resp = await svc.step(sid, move(0, 1.0))
+        assert resp.error is None
+        np.testing.assert_array_equal(latent(resp.next_observation), [4.0, 2.0, 2.0])
+        assert resp.next_observation["state"] == [1.0, 2.0]
+        listed = await svc.step(sid, move(1, -1.0))
+        assert listed.error is None
+        np.testing.assert_array_equal(latent(listed.next_observation), [2.0, 2.0, 2.0])
+    finally:
+        svc.close()
+
+
+async def test_images_without_a_state_vector(service, world) -> None:
+    world.vector = None
+    render = RenderRequest(cameras=["front"], height=16, width=16)
+    created = await service.create_session(CreateSessionRequest(model="pin", seed=3, render=render))
+    assert (
+        "state" not in created.observation and (image_of(created.observation["images"]["front"]) == 3).all()
+    )
+    resp = await service.step(created.session_id, move(0))
+    assert "state" not in resp.next_observation and list(resp.next_observation["images"]) == ["front"]
+
+
+async def test_a_world_that_requires_an_action_takes_it_from_the_state() -> None:
+    svc = RolloutService(ToyWorld(), FAST)
+    try:
+        a = (await svc.create_session(CreateSessionRequest(model="toy", seed=0))).session_id
+        b = (await svc.create_session(CreateSessionRequest(model="toy", seed=0))).session_id
+        state = [0.2] * 7 + [0.6]
+        from_state = await svc.step(
+            a, RolloutStepRequest(step_id=0, observation=Observation(state=state), action=Action())
+        )
+        explicit = RolloutStepRequest(
+            step_id=0,
+            observation=Observation(),
+            action=Action(joint_positions=[0.2] * 7, gripper_position=0.6),
+        )
+        assert from_state.error is None
+        assert from_state.next_observation == (await svc.step(b, explicit)).next_observation
+    finally:
+        svc.close()
+
+
+async def test_bytes_in_extra_are_part_of_the_fingerprint(service, world) -> None:
+    a = RolloutStepRequest(step_id=0, observation=Observation(extra={"blob": b"a"}), action=Action())
+    b = RolloutStepRequest(step_id=0, observation=Observation(extra={"blob": b"b"}), action=Action())
+    assert RolloutService.fingerprint(a) != RolloutService.fingerprint(b)
+    sid = await create(service)
+    await service.step(sid, a)
+    other = await service.step(sid, b)
+    assert not other.replayed and other.next_observation is None
+
+
+async def test_steps_keep_the_epoch_and_each_reset_raises_it_by_one(service) -> None:
+    sid = await create(service)
+    session = service.store.peek(sid)
+    await service.step(sid, move(0))
+    await service.step(sid, move(1))
+    assert (session.epoch, session.committed_step_id) == (0, 1)
+    await service.reset_session(sid)
+    assert (session.epoch, session.committed_step_id) == (1, -1)
+    await service.step(sid, move(0))
+    await service.step(sid, move(1))
+    await service.step(sid, move(2))
+    await service.reset_session(sid)
+    assert session.epoch == 2
+
+
+async def test_every_answer_uses_the_wire_it_was_asked_on(service) -> None:
+    sid = (
+        await service.create_session(CreateSessionRequest(model="pin", seed=1, session_id="w-1"))
+    ).session_id
+    again = await service.create_session(
+        CreateSessionRequest(model="pin", session_id="w-1"), raw_tensors=True
+    )
+    assert again.observation["encoding"] == "tensor"
+    first = await service.step(sid, move(0), raw_tensors=True)
+    dup = await service.step(sid, move(0), raw_tensors=True)
+    assert dup.replayed and dup.next_observation["encoding"] == "tensor"
+    np.testing.assert_array_equal(
+        dup.next_observation["video_latent"], first.next_observation["video_latent"]
+    )
+    items = [item(sid, 0), item(sid, 1)]
+    batch = await service.batch_step(BatchStepRequest(items=items[1:]), raw_tensors=True)
+    assert batch.results[0].next_observation["encoding"] == "tensor"
+    replay = await service.batch_step(BatchStepRequest(items=items[1:]), raw_tensors=True)
+    assert replay.results[0].replayed and replay.results[0].next_observation["encoding"] == "tensor"
+    fork = await service.fork_session(sid, ForkSessionRequest(session_id="w-2"))
+    same = await service.fork_session(sid, ForkSessionRequest(session_id="w-2"), raw_tensors=True)
+    assert same.session_id == fork.session_id and same.observation["encoding"] == "tensor"
+    req = CreateSessionRequest(model="pin", seed=2, session_id="w-3")
+    raced = await asyncio.gather(*(service.create_session(req, raw_tensors=True) for _ in range(2)))
+    assert [r.observation["encoding"] for r in raced] == ["tensor", "tensor"]
+
+
+async def test_unseeded_creates_draw_31_bit_seeds(service, world) -> None:
+    for _ in range(6):
+        await service.create_session(CreateSessionRequest(model="pin"))
+    seeds = [init.seed for init in world.inits]
+    assert all(0 <= s < 2**31 for s in seeds) and max(seeds) >= 62  # all below 62: a 1e-46 chance
+    assert len(set(seeds)) == 6
+
+
+async def test_a_fork_of_a_rendering_session_renders_after_its_reset(service, world) -> None:
+    render = RenderRequest(cameras=["wrist"], height=16, width=16)
+    sid = (await service.create_session(CreateSessionRequest(model="pin", seed=1, render=render))).session_id
+    fork = await service.fork_session(sid)
+    reset = await service.reset_session(fork.session_id, ResetSessionRequest(seed=4))
+    assert world.inits[-1].render.cameras == ("wrist",)
+    assert (image_of(reset.observation["images"]["wrist"]) == 4).all()
+
+
+async def test_a_reset_queued_behind_a_close_is_refused() -> None:
+    world = GatedWorld()
+    svc = RolloutService(world, FAST)
+    try:
+        sid = await create(svc)
+        gate = world.gate = threading.Event()
+        running = asyncio.create_task(svc.step(sid, move(0)))
+        await until(lambda: len(world.steps) == 1)
+        closing = asyncio.create_task(svc.close_session(sid))
+        await asyncio.sleep(0.01)
+        resetting = asyncio.create_task(svc.reset_session(sid))
+        await asyncio.sleep(0.01)
+        world.gate = None
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(running, closing), 5.0)
+        with pytest.raises(RolloutError) as err:
+            await asyncio.wait_for(resetting, 5.0)
+        assert (err.value.code, err.value.message, err.value.committed_step_id) == (
+            "session_closed",
+            f"session {sid!r} is closed",
+            0,
+        )
+    finally:
+        svc.close()
+
+
+async def test_a_reset_that_loses_to_a_close_elsewhere_is_refused(world) -> None:
+    store = RacedStore()
+    svc = RolloutService(world, FAST, store=store)
+    try:
+        sid = await create(svc)
+        await svc.step(sid, move(0))
+
+        def closed(session: RolloutSession) -> Commit:
+            store.close(session.session_id)
+            return Commit((0, 0), None, session.observation, 0, 1, None, 0)
+
+        store.rival = closed
+        with pytest.raises(RolloutError) as err:
+            await svc.reset_session(sid)
+        assert (err.value.code, err.value.message, err.value.committed_step_id) == (
+            "session_closed",
+            f"session {sid!r} is closed",
+            0,
+        )
+    finally:
+        svc.close()
+
+
+async def test_a_batch_may_hold_exactly_max_batch_items(world) -> None:
+    svc = RolloutService(world, FAST, max_batch_items=2)
+    try:
+        a, b = await create(svc, 1), await create(svc, 2)
+        resp = await svc.batch_step(BatchStepRequest(items=[item(a, 0), item(b, 0)]))
+        assert [r.status for r in resp.results] == ["ok", "ok"]
+        with pytest.raises(RolloutError) as err:
+            await svc.batch_step(BatchStepRequest(items=[item(a, 1), item(b, 1), item("c", 0)]))
+        assert err.value.message == "batch_step takes at most 2 items"
+    finally:
+        svc.close()
+
+
+async def test_timings_have_sub_millisecond_resolution(service) -> None:
+    a, b = await create(service, 1), await create(service, 2)
+    metas = [(await service.step(sid, move(0))).model_metadata for sid in (a, b)]
+    metas += [(await service.step(sid, move(1))).model_metadata for sid in (a, b)]
+    assert any(m.latency_ms != int(m.latency_ms) for m in metas)  # not rounded to whole milliseconds
+    assert any(m.queue_wait_ms != int(m.queue_wait_ms) for m in metas)

@@ -124,7 +124,9 @@ def test_expiry_is_strictly_after_the_ttl_and_frees_a_slot_at_capacity() -> None
     assert store.get("a") is a
     clock.now = 19.5
     assert store.get("a") is a
-    clock.now = 29.75
+    clock.now = 29.25
+    assert store.sweep() == []  # idle 9.75 s
+    clock.now = 29.75  # expired, but only 0.5 s after the last sweep: the reserve's own sweep is forced
     sid = store.reserve(None)  # a full store evicts an expired session first
     assert sid != "a" and len(sid) == 32
     with pytest.raises(RolloutError) as err:
@@ -187,3 +189,12 @@ def test_the_default_tombstone_bound_is_4096() -> None:
     store = RolloutStore(capacity=1, idle_ttl_s=10.0)
     ids = [store.close(session(store).session_id).session_id for _ in range(4097)]
     assert store.peek(ids[0]) is None and store.peek(ids[1]) is not None
+
+
+def test_a_session_cannot_be_added_twice() -> None:
+    store = RolloutStore(capacity=4, idle_ttl_s=10.0)
+    a = session(store, "a")
+    twin = RolloutSession("a", "toy", "world_model_env", 0.0, "T", "T", np.zeros(1, np.float32), a.seeds)
+    with pytest.raises(RolloutError) as err:
+        store.add(twin)
+    assert err.value.code == "session_exists" and store.get("a") is a

@@ -211,9 +211,7 @@ class RolloutService:
         if not self.world.spec.serves(req.model):
             served = self.world.spec.name
             raise RolloutError("model_not_found", f"this server serves world {served!r}, not {req.model!r}")
-        if req.session_id is not None and (
-            existing := await self._same_session(req.session_id, req.model, None)
-        ):
+        if req.session_id is not None and (existing := await self._same_session(req.session_id, None)):
             return self._created(existing, raw_tensors)
         render = self._render_spec(req.render)
         sid = await self.store.claim(req.session_id)
@@ -237,7 +235,7 @@ class RolloutService:
         try:
             session = await self.store.insert(session)
         except RolloutError as exc:  # a concurrent create of the same client-chosen id won the race
-            if exc.code == "session_exists" and (existing := await self._same_session(sid, req.model, None)):
+            if exc.code == "session_exists" and (existing := await self._same_session(sid, None)):
                 return self._created(existing, raw_tensors)
             raise
         await self._count_sessions()
@@ -249,9 +247,7 @@ class RolloutService:
         """A new session holding ``session_id``'s committed state, counters and stored last result."""
         req = req or ForkSessionRequest()
         source = await self.store.open(session_id)
-        if req.session_id is not None and (
-            existing := await self._same_session(req.session_id, None, session_id)
-        ):
+        if req.session_id is not None and (existing := await self._same_session(req.session_id, session_id)):
             return self._created(existing, raw_tensors)
         async with source.lock:
             if source.closed:
@@ -629,14 +625,13 @@ class RolloutService:
         raise RolloutError(code, message, committed_step_id=committed)
 
     # -- helpers ---------------------------------------------------------------------------------------
-    async def _same_session(
-        self, sid: str, model: str | None, forked_from: str | None
-    ) -> RolloutSession | None:
-        """The open session a retried create (or fork) with a client-chosen id already made, if any."""
+    async def _same_session(self, sid: str, forked_from: str | None) -> RolloutSession | None:
+        """The open session a retried create (or fork) with a client-chosen id already made, if any.
+
+        One world per service: a create names a model this world serves (checked first), so only
+        whether it is a fork (and of what) tells two sessions apart."""
         existing = await self.store.find(sid)
         if existing is None or existing.closed or existing.forked_from != forked_from:
-            return None
-        if model is not None and not self.world.spec.serves(model):
             return None
         return existing
 
@@ -677,7 +672,7 @@ def _start_from(inputs: dict[str, Any]) -> WorldInit | None:
         return None
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
         raise ValueError("observation.extra.seed must be an integer in [0, 2**63)")
-    start = None if state is None else np.asarray(state, dtype=np.float32).reshape(-1)  # checked when folded
+    start = None if state is None else np.asarray(state, dtype=np.float32)  # flat and checked when folded
     return WorldInit(seed=seed, state=start)
 
 
