@@ -22,7 +22,7 @@ from rollserve.wire import (
 )
 from rollserve.wire.errors import BAD_FIELD, BAD_IMAGE, IMAGE_TOO_LARGE, MALFORMED_FRAME, TOO_MANY_OBJECTS
 from rollserve.wire.images import IMAGE_KEY
-from rollserve.wire.msgpack_codec import unpackb
+from rollserve.wire.msgpack_codec import FRAME_MAGIC, unpackb
 
 
 def _jpeg(side: int) -> dict:
@@ -47,6 +47,17 @@ def test_a_frame_of_empty_maps_is_refused_while_unpacking_with_bounded_memory() 
         unpackb(frame)
     assert info.value.code == TOO_MANY_OBJECTS
     assert _peak_bytes(lambda: unpackb(frame)) < 10 * len(frame)
+
+
+def test_a_typed_message_of_empty_maps_is_refused_while_unpacking_with_bounded_memory() -> None:
+    """``decode_message`` skips the hooks only for a small header: a big one is counted as before."""
+    maps = b"\xdc" + (65535).to_bytes(2, "big") + b"\x80" * 65535
+    header = b"\x82\xa4type\xabobservation\xa4task" + b"\xdc" + (16).to_bytes(2, "big") + maps * 16
+    frame = FRAME_MAGIC + len(header).to_bytes(4, "little") + header
+    with pytest.raises(WireError) as info:
+        decode_message(frame)
+    assert info.value.code == TOO_MANY_OBJECTS
+    assert _peak_bytes(lambda: decode_message(frame)) < 10 * len(frame)
 
 
 def test_a_list_of_many_small_values_is_refused_by_the_object_budget() -> None:
