@@ -23,6 +23,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from rollserve.models.simple_policies import ChunkPolicy
 from rollserve.models.worlds import ToyWorld
+from rollserve.server import penalty
 from rollserve.server.app import create_app
 from rollserve.server.penalty import RefusalPenalty, RefusalStreak
 from rollserve.server.policy.routes import _Refusals
@@ -201,3 +202,84 @@ def test_a_refused_rest_connection_waits_while_another_is_served_at_once(
                 trainer.post(f"/v1/realtime/sessions/{sid}/step", json=_good_step(step_id)).status_code == 200
             )
             assert time.monotonic() - started < DELAY_S * 10  # (a generous bound: only no delay)
+
+
+class _SlowWorld(ToyWorld):
+    """Each step takes ``DELAY_S`` (a big model on a busy GPU)."""
+
+    def step_batch(self, steps: Any) -> Any:
+        time.sleep(DELAY_S)
+        return super().step_batch(steps)
+
+
+def _lane_race() -> tuple[float, dict[str, float]]:
+    """A streak connection's slow good step holds the lane; meanwhile another streak connection
+    sends a cheap bad request and a healthy one asks for a status. Returns the start and when
+    each was answered."""
+    settings = ServerSettings(max_batch_wait_ms=0.0, refusal_delay_ms=1.0, refused_connection_lanes=1)
+    app = create_app(settings, rollout=RolloutService(_SlowWorld(), settings))
+    bad = {"content": b'{"step_id": ', "headers": {"content-type": "application/json"}}
+    with serving(app) as server, contextlib.ExitStack() as stack:
+        first, second, healthy = (
+            stack.enter_context(httpx.Client(base_url=server.http_url, timeout=30.0)) for _ in range(3)
+        )
+        sid = _create(first)
+        for client in (first, second):  # each starts a refusal streak
+            assert client.post(f"/v1/realtime/sessions/{sid}/step", **bad).status_code == 400
+        done: dict[str, float] = {}
+
+        def in_lane(name: str, client: httpx.Client, **request: Any) -> None:
+            resp = client.post(f"/v1/realtime/sessions/{sid}/step", **request)
+            assert resp.status_code == (200 if name == "first" else 400), resp.text
+            done[name] = time.monotonic()
+
+        slow = threading.Thread(target=in_lane, args=("first", first), kwargs={"json": _good_step(0)})
+        started = time.monotonic()
+        slow.start()  # a good step, but from a connection with a streak: it holds the lane DELAY_S
+        time.sleep(0.3)
+        waiting = threading.Thread(target=in_lane, args=("second", second), kwargs=bad)
+        waiting.start()  # a cheap refusal, but it waits for the lane
+        time.sleep(0.1)
+        assert healthy.get(f"/v1/realtime/sessions/{sid}/status").status_code == 200
+        done["healthy"] = time.monotonic()
+        slow.join(60)
+        waiting.join(60)
+    return started, done
+
+
+def test_connections_with_a_refusal_streak_take_turns_in_one_lane_and_healthy_ones_do_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(penalty, "LANE_WAIT_S", 30.0)  # here nobody gives up waiting for the lane
+    started, done = _lane_race()
+    assert done["healthy"] < done["first"]  # a connection without a streak never waits
+    assert done["second"] - started >= DELAY_S * 0.9  # the second waited for the first's turn
+
+
+def test_nobody_waits_for_the_lane_longer_than_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(penalty, "LANE_WAIT_S", 0.2)  # the first holds it for 1.5 s
+    _, done = _lane_race()
+    assert done["second"] < done["first"]
+
+
+def test_the_lane_is_for_streaks_only_and_can_be_turned_off() -> None:
+    streak = RefusalStreak()
+    on, off = RefusalPenalty(1.0, 100.0, lanes=1), RefusalPenalty(1.0, 100.0, lanes=0)
+    assert on.lane(streak) is on.lane(None) is off.lane(streak)  # straight through: no streak
+    streak.count = 3
+    assert off.lane(streak) is on.lane(None)  # lanes=0: no lane at all
+    assert RefusalPenalty(0.0, 100.0, lanes=1).lane(streak) is on.lane(None)  # the delay is off
+
+    async def two_at_once() -> list[str]:
+        order: list[str] = []
+
+        async def use(name: str) -> None:
+            async with on.lane(streak):
+                order.append(f"{name} in")
+                await asyncio.sleep(0.05)
+                order.append(f"{name} out")
+
+        await asyncio.gather(use("a"), use("b"))
+        return order
+
+    assert asyncio.run(two_at_once()) == ["a in", "a out", "b in", "b out"]

@@ -107,6 +107,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     limits.add_argument(
         "--refusal-delay-max-ms", type=float, default=100.0, help="the most one refusal is delayed"
     )
+    limits.add_argument(
+        "--refused-lanes", type=int, default=1,
+        help="inputs of connections with refusals in a row handled at once, per transport (websockets, "
+        "REST); the others wait their turn; 0: no limit",
+    )  # fmt: skip
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     scale = parser.add_argument_group(
         'scale-out on Ray Serve (pip install "rollserve[ray]"; docs/scale-out.md)'
@@ -254,6 +259,7 @@ def main(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         refusal_delay_ms=args.refusal_delay_ms,
         refusal_delay_max_ms=args.refusal_delay_max_ms,
+        refused_connection_lanes=args.refused_lanes,
     )
     if args.ray:
         from rollserve.scale.launch import serve_on_ray

@@ -12,14 +12,25 @@ that sends a single bad frame waits ``base_s`` once. Only what the client got wr
 Per connection, not per address: clients behind one address (NAT, one lab machine) must not slow
 each other down. A client that reconnects after every refusal starts at zero again, but pays a
 handshake each time, and the per-address connection cap bounds how many it holds at once.
+
+Many such connections at once would still queue their inputs on the event loop ahead of a
+healthy client's request, so a connection with a refusal streak also handles its next input in a
+shared lane: at most ``lanes`` such inputs (per transport: websockets, REST) are being handled at
+any time, the others wait their turn (first come, first served) and cost nothing while they wait.
+A healthy request then waits behind at most that many hostile ones, however many connections send
+them. No connection waits for the lane longer than ``LANE_WAIT_S`` (then it goes ahead), so one
+that holds the lane for long (its client stopped reading its replies) cannot stall the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 SCOPE_KEY = "rollserve.refusals"  # an HTTP request's scope: its connection's RefusalStreak
+_STRAIGHT = contextlib.nullcontext()
+LANE_WAIT_S = 1.0  # the longest a connection waits for the lane
 
 
 class RefusalStreak:
@@ -34,9 +45,20 @@ class RefusalStreak:
 class RefusalPenalty:
     """The delay rule, shared by every connection; ``base_ms == 0`` turns it off."""
 
-    def __init__(self, base_ms: float, max_ms: float) -> None:
+    def __init__(self, base_ms: float, max_ms: float, lanes: int = 1) -> None:
         self.base_s = max(0.0, base_ms) / 1000.0
         self.max_s = max(self.base_s, max_ms / 1000.0)
+        self.lanes = lanes
+        self._lane: asyncio.Semaphore | None = None  # made on first use, on the serving loop
+
+    def lane(self, streak: RefusalStreak | None) -> contextlib.AbstractAsyncContextManager[Any]:
+        """Where a connection handles its next input: the shared lane while it has a refusal
+        streak (and the delay is on), else straight away."""
+        if streak is None or streak.count == 0 or self.base_s <= 0.0 or self.lanes <= 0:
+            return _STRAIGHT
+        if self._lane is None:
+            self._lane = asyncio.Semaphore(self.lanes)
+        return _in_lane(self._lane)
 
     def refused(self, streak: RefusalStreak) -> float:
         """Count one more refusal; returns how long to hold the connection (seconds)."""
@@ -54,6 +76,19 @@ class RefusalPenalty:
         delay = self.refused(streak)
         if delay > 0.0:
             await asyncio.sleep(delay)
+
+
+@contextlib.asynccontextmanager
+async def _in_lane(lane: asyncio.Semaphore) -> Any:
+    try:
+        await asyncio.wait_for(lane.acquire(), LANE_WAIT_S)
+    except TimeoutError:
+        yield  # waited long enough: go ahead outside the lane
+        return
+    try:
+        yield
+    finally:
+        lane.release()
 
 
 def http_streak(scope: dict[str, Any]) -> RefusalStreak | None:

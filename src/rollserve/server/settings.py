@@ -43,5 +43,7 @@ class ServerSettings:
     # (websockets) after min(refusal_delay_max_ms, refusal_delay_ms * 2**(k-1)); 0 turns it off
     refusal_delay_ms: float = 1.0
     refusal_delay_max_ms: float = 100.0
+    # inputs of connections with a refusal streak handled at once (per transport); 0: no limit
+    refused_connection_lanes: int = 1
     # wire limits, shared by every transport
     limits: WireLimits = field(default_factory=WireLimits)

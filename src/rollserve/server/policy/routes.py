@@ -93,6 +93,10 @@ class _Refusals:
             if delay > 0.0:
                 self.until = asyncio.get_running_loop().time() + delay
 
+    def lane(self) -> Any:
+        """Where to handle the next frame: the shared lane while this connection has a streak."""
+        return self.penalty.lane(self.streak)
+
     async def wait(self) -> None:
         """Before reading the next frame: wait out the delay of the last refusal, if any."""
         if self.until:
@@ -106,7 +110,9 @@ def add_policy_routes(app: FastAPI, service: PolicyService, settings: ServerSett
     """Mount both policy websockets on ``app``."""
 
     limiter = AddressLimiter(settings.max_connections_per_client)
-    penalty = RefusalPenalty(settings.refusal_delay_ms, settings.refusal_delay_max_ms)
+    penalty = RefusalPenalty(
+        settings.refusal_delay_ms, settings.refusal_delay_max_ms, settings.refused_connection_lanes
+    )
 
     @app.websocket(SESSION_PATH)
     async def policy_session_ws(websocket: WebSocket) -> None:
@@ -206,7 +212,8 @@ class _SessionSocket:
         try:
             while (message := await self.ws.receive())["type"] != _DISCONNECT:
                 idle.touch()
-                await self._on_frame(message)
+                async with self.refusals.lane():
+                    await self._on_frame(message)
                 await self.refusals.wait()
         finally:
             idle.stop()
@@ -382,17 +389,9 @@ class _OpenpiSocket:
                     return
             seq_id += 1
             _REQUESTS[self.route].inc()
-            try:
-                reply = await self._infer(self.session, message.get("bytes"), seq_id)
-            except (PolicyError, WireError) as exc:
-                await self._error(exc.code, exc.message)
-                continue
-            except LayoutError as exc:
-                await self._error("bad_observation", str(exc))
-                continue
-            except Exception:
-                logger.exception("openpi request failed")
-                await self._error(INFERENCE_ERROR, "internal server error")
+            async with self.refusals.lane():
+                reply = await self._answer(self.session, message.get("bytes"), seq_id)
+            if reply is None:
                 continue
             _observe_timings(reply)
             self.refusals.judge(None)
@@ -404,6 +403,19 @@ class _OpenpiSocket:
             }
             await self.ws.send_bytes(packb({"actions": reply.chunk_robot, "server_timing": timing}))
             prev_total_ms = (time.perf_counter() - started) * 1000.0
+
+    async def _answer(self, session: PolicySession, data: bytes | None, seq_id: int) -> ActionChunkMsg | None:
+        """The chunk, or None once the refusal was sent."""
+        try:
+            return await self._infer(session, data, seq_id)
+        except (PolicyError, WireError) as exc:
+            await self._error(exc.code, exc.message)
+        except LayoutError as exc:
+            await self._error("bad_observation", str(exc))
+        except Exception:
+            logger.exception("openpi request failed")
+            await self._error(INFERENCE_ERROR, "internal server error")
+        return None
 
     async def _infer(self, session: PolicySession, data: bytes | None, seq_id: int) -> ActionChunkMsg:
         if data is None:

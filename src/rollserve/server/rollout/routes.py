@@ -80,17 +80,9 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
         settings.limits, max_frame_bytes=min(settings.limits.max_frame_bytes, settings.max_body_bytes)
     )
     json_values = settings.max_json_values
-    penalty = RefusalPenalty(settings.refusal_delay_ms, settings.refusal_delay_max_ms)
-
-    async def judged(request: Request, code: str | None, response: Response) -> Response:
-        """``response``, after the connection's refusal delay when ``code`` is the client's fault."""
-        streak = http_streak(request.scope)
-        if streak is not None:
-            if code in _CLIENT_FAULTS:
-                await penalty.hold(streak)
-            else:
-                penalty.served(streak)
-        return response
+    penalty = RefusalPenalty(
+        settings.refusal_delay_ms, settings.refusal_delay_max_ms, settings.refused_connection_lanes
+    )
 
     def parse(data: bytes, media: str, body_model: type[Body], route: str) -> tuple[Any, Body]:
         """Bytes to a validated request (raw map kept for error replies). Runs on a worker thread
@@ -118,6 +110,27 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
         session_id: str | None = None,
         body_optional: bool = False,
     ) -> Response:
+        """Answer the request; a connection with a refusal streak is answered in the shared lane,
+        and a refusal that is the client's fault is sent after the connection's delay."""
+        streak = http_streak(request.scope)
+        async with penalty.lane(streak):
+            code, response = await answer(request, route, body_model, call, session_id, body_optional)
+        if streak is not None:
+            if code in _CLIENT_FAULTS:
+                await penalty.hold(streak)
+            else:
+                penalty.served(streak)
+        return response
+
+    async def answer(
+        request: Request,
+        route: str,
+        body_model: type[Body],
+        call: Callable[[Body, bool], Awaitable[BaseModel]],
+        session_id: str | None,
+        body_optional: bool,
+    ) -> tuple[str | None, Response]:
+        """The response and its error code (None for a success)."""
         METRICS.requests.labels(route=route).inc()
         raw = _wants_msgpack(request)
         mode = resolve_mode(request.headers.get(MODE_HEADER), settings.rollout_status_codes)
@@ -143,16 +156,16 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
             if code:
                 METRICS.errors.labels(route=route, code=code).inc()
             status = status_for(code, mode, step=route == "step") if code else 200
-            return await judged(request, code, _render(result, status, raw))
+            return code, _render(result, status, raw)
         METRICS.errors.labels(route=route, code=error.code).inc()
         status = status_for(error.code, mode, step=route == "step")
         if route == "step" and session_id is not None:
             step_id = parsed.get("step_id") if isinstance(parsed, dict) else None
             step_id = step_id if isinstance(step_id, int) and not isinstance(step_id, bool) else -1
             refused = await service.refused_step(session_id, step_id, error.code, error.message)
-            return await judged(request, error.code, _render(refused, status, raw))
+            return error.code, _render(refused, status, raw)
         body = error_body(error.code, error.message, error.committed_step_id, status, mode)
-        return await judged(request, error.code, _render_plain(body, status, raw))
+        return error.code, _render_plain(body, status, raw)
 
     async def create_session(request: Request) -> Response:
         return await serve(
