@@ -12,15 +12,18 @@ import dataclasses
 import logging
 import threading
 import time
+import types
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pytest
 
-from rollserve.models.world import WorldInit, WorldOutput, WorldSpec, WorldStep
+from rollserve.engine import Completed
+from rollserve.models.world import WorldInit, WorldOutput, WorldSpec, WorldStep, run_world_calls
 from rollserve.models.worlds import ToyWorld
 from rollserve.server.metrics import METRICS
+from rollserve.server.rollout import service as service_module
 from rollserve.server.rollout.protocol import (
     FLOAT32_MAX,
     MAX_VECTOR,
@@ -837,6 +840,13 @@ async def test_a_step_that_loses_to_the_same_step_elsewhere_gets_that_result(wor
         assert resp.replayed and resp.error.code == "step_already_committed"
         assert resp.next_observation == won.next_observation
         assert (resp.model_metadata.committed_step_id, resp.model_metadata.context_length) == (0, 1)
+        await svc.reset_session(sid, ResetSessionRequest(seed=2))
+        await svc.reset_session(twin, ResetSessionRequest(seed=2))
+        await svc.step(twin, move(0, 3.0))
+        store.rival = same_step
+        raw = await svc.step(sid, move(0, 3.0), raw_tensors=True)  # the stored result, on the asked wire
+        assert raw.replayed and raw.next_observation["encoding"] == "tensor"
+        np.testing.assert_array_equal(raw.next_observation["video_latent"], [10.0, 4.0, 4.0])
     finally:
         svc.close()
 
@@ -1272,14 +1282,14 @@ async def test_bytes_in_extra_are_part_of_the_fingerprint(service, world) -> Non
 async def test_steps_keep_the_epoch_and_each_reset_raises_it_by_one(service) -> None:
     sid = await create(service)
     session = service.store.peek(sid)
-    await service.step(sid, move(0))
-    await service.step(sid, move(1))
-    assert (session.epoch, session.committed_step_id) == (0, 1)
+    for step_id in range(3):
+        await service.step(sid, move(step_id))
+        assert (session.epoch, session.committed_step_id) == (0, step_id)
     await service.reset_session(sid)
     assert (session.epoch, session.committed_step_id) == (1, -1)
-    await service.step(sid, move(0))
-    await service.step(sid, move(1))
-    await service.step(sid, move(2))
+    for step_id in range(3):
+        await service.step(sid, move(step_id))
+        assert (session.epoch, session.committed_step_id) == (1, step_id)
     await service.reset_session(sid)
     assert session.epoch == 2
 
@@ -1339,17 +1349,19 @@ async def test_a_reset_queued_behind_a_close_is_refused() -> None:
         closing = asyncio.create_task(svc.close_session(sid))
         await asyncio.sleep(0.01)
         resetting = asyncio.create_task(svc.reset_session(sid))
+        forking = asyncio.create_task(svc.fork_session(sid))
         await asyncio.sleep(0.01)
         world.gate = None
         gate.set()
         await asyncio.wait_for(asyncio.gather(running, closing), 5.0)
-        with pytest.raises(RolloutError) as err:
-            await asyncio.wait_for(resetting, 5.0)
-        assert (err.value.code, err.value.message, err.value.committed_step_id) == (
-            "session_closed",
-            f"session {sid!r} is closed",
-            0,
-        )
+        for queued in (resetting, forking):
+            with pytest.raises(RolloutError) as err:
+                await asyncio.wait_for(queued, 5.0)
+            assert (err.value.code, err.value.message, err.value.committed_step_id) == (
+                "session_closed",
+                f"session {sid!r} is closed",
+                0,
+            )
     finally:
         svc.close()
 
@@ -1396,3 +1408,57 @@ async def test_timings_have_sub_millisecond_resolution(service) -> None:
     metas += [(await service.step(sid, move(1))).model_metadata for sid in (a, b)]
     assert any(m.latency_ms != int(m.latency_ms) for m in metas)  # not rounded to whole milliseconds
     assert any(m.queue_wait_ms != int(m.queue_wait_ms) for m in metas)
+
+
+class NoTouchStore:
+    """A SessionStore with no idle clock of its own (no ``touch``), as a shared store may be."""
+
+    def __init__(self) -> None:
+        self._inner = RolloutStore(8, 600.0)
+        self.capacity = 8
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "touch":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+async def test_a_store_without_an_idle_clock_serves_steps(world) -> None:
+    svc = RolloutService(world, FAST, store=NoTouchStore())
+    try:
+        sid = await create(svc)
+        assert (await svc.step(sid, move(0))).error is None
+        items = [item(sid, 1)]
+        assert (await svc.batch_step(BatchStepRequest(items=items))).results[0].status == "ok"
+    finally:
+        svc.close()
+
+
+async def test_timings_are_milliseconds_of_the_services_clock_and_the_engines_wait(
+    monkeypatch, world
+) -> None:
+    """Exact values: the service's clock is replaced (only in its module) and so is the engine."""
+    ticks = iter([100.0, 100.25])
+    clock = types.SimpleNamespace(perf_counter=lambda: next(ticks), time=time.time, monotonic=time.monotonic)
+    monkeypatch.setattr(service_module, "time", clock)
+
+    class FixedEngine:
+        async def submit_many(self, calls):
+            outs = run_world_calls(world, calls)
+            return [Completed(o, queue_wait_s=0.0123, run_s=0.5, batch_size=3) for o in outs]
+
+        def close(self) -> None:
+            pass
+
+    svc = RolloutService(world, FAST)
+    svc.engine.close()
+    try:
+        session = RolloutSession("s", "pin", "world_model_env", 0.0, None, None, np.zeros(3), None)
+        start = world.initial_states([WorldInit(seed=1)])[0]
+        session.state = session.root = start.state
+        await svc.store.insert(session)
+        svc.engine = FixedEngine()
+        meta = (await svc.step("s", move(0))).model_metadata
+        assert (meta.latency_ms, meta.queue_wait_ms, meta.batch_size) == (250.0, 12.3, 3)
+    finally:
+        svc.close()

@@ -111,8 +111,9 @@ def test_refusals_name_the_session_and_the_capacity() -> None:
         with pytest.raises(RolloutError) as err:
             call("zz")
         assert (err.value.code, err.value.message) == ("session_not_found", "session 'zz' does not exist")
-    with pytest.raises(ValueError, match="capacity must be >= 1"):
+    with pytest.raises(ValueError) as bad:
         RolloutStore(capacity=0, idle_ttl_s=10.0)
+    assert str(bad.value) == "capacity must be >= 1"
 
 
 def test_expiry_is_strictly_after_the_ttl_and_frees_a_slot_at_capacity() -> None:
@@ -150,6 +151,8 @@ def test_unforced_sweeps_run_at_most_every_quarter_ttl() -> None:
     clock.now = 10.75  # b is idle 10.25 s now, but the last sweep was only 0.5 s ago
     assert store.sweep() == []
     assert not b.closed
+    clock.now = 12.5  # 2.25 s after: still too soon
+    assert store.sweep() == []
     clock.now = 12.75  # 2.5 s (a quarter TTL) after the last sweep
     assert store.sweep() == ["b"]
     assert a.closed_reason == b.closed_reason == "expired"
@@ -198,3 +201,17 @@ def test_a_session_cannot_be_added_twice() -> None:
     with pytest.raises(RolloutError) as err:
         store.add(twin)
     assert err.value.code == "session_exists" and store.get("a") is a
+
+
+def test_a_lookup_between_sweeps_still_expires_an_idle_session() -> None:
+    clock = Clock()
+    store = RolloutStore(capacity=4, idle_ttl_s=10.0, clock=clock)
+    a = session(store, "a")
+    a.committed_step_id = 1
+    clock.now = 9.0
+    assert store.sweep() == []
+    clock.now = 10.5  # expired; the last sweep was 1.5 s ago, so the look-up checks this session itself
+    with pytest.raises(RolloutError) as err:
+        store.get("a")
+    assert (err.value.code, err.value.committed_step_id) == ("session_expired", 1)
+    assert len(store) == 0 and a.closed_reason == "expired" and a.state is None
