@@ -368,3 +368,50 @@ def test_nil_keeps_a_fields_default_and_stays_nil_where_nil_is_allowed() -> None
     assert decoded.task == "" and decoded.inference_delay_steps == 0
     assert decoded.state is None and decoded.prefix_model is None
     assert decoded.header.seq_id == 0
+
+
+def test_names_and_the_task_are_capped_at_their_limits() -> None:
+    """``max_name_chars`` (client_uuid, robot_type, each name), ``max_names`` and ``max_task_chars``:
+    the limit itself is accepted, one more is refused naming the field and the limit."""
+    limits = dataclasses.replace(LIMITS, max_name_chars=5, max_task_chars=8, max_names=2)
+    fields = {"client_uuid": "u" * 5, "robot_type": "r" * 5, "action_names": ["x" * 5, "y"], "task": "t" * 8}
+    opened = decode_message(_raw({"type": "session_open", **fields}), limits)
+    assert (opened.client_uuid, opened.robot_type, opened.action_names, opened.task) == (
+        "uuuuu", "rrrrr", ["xxxxx", "y"], "tttttttt"
+    )  # fmt: skip
+
+    def open_with(**changed: Any) -> bytes:
+        return _raw({"type": "session_open", **fields, **changed})
+
+    _refused(open_with(client_uuid="u" * 6), BAD_FIELD, "field 'client_uuid' is longer than 5 characters",
+             decode_message, limits)  # fmt: skip
+    _refused(open_with(robot_type="r" * 6), BAD_FIELD, "field 'robot_type' is longer than 5 characters",
+             decode_message, limits)  # fmt: skip
+    _refused(open_with(task="t" * 9), BAD_FIELD, "field 'task' is longer than 8 characters",
+             decode_message, limits)  # fmt: skip
+    _refused(open_with(robot_type=3), BAD_FIELD, "field 'robot_type' must be a string, got int",
+             decode_message, limits)  # fmt: skip
+    too_many = "field 'action_names' takes at most 2 names of 5 characters"
+    _refused(open_with(action_names=["x" * 6]), BAD_FIELD, too_many, decode_message, limits)
+    _refused(open_with(action_names=["a", "b", "c"]), BAD_FIELD, too_many, decode_message, limits)
+    _refused(
+        _obs(task="t" * 9), BAD_FIELD, "field 'task' is longer than 8 characters", decode_observation, limits
+    )
+    assert decode_observation(_obs(task="t" * 8), limits).task == "tttttttt"
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"), [(float("nan"), "nan"), (float("inf"), "inf"), (float("-inf"), "-inf")]
+)
+def test_numbers_must_be_finite(value: float, shown: str) -> None:
+    frame = _raw({"type": "action_chunk", "inference_ms": value})
+    _refused(frame, BAD_FIELD, f"field 'inference_ms' must be finite, got {shown}", decode_message)
+
+
+def test_tensor_fields_refuse_other_values_and_nil_keeps_the_default() -> None:
+    _refused(_raw({"type": "action_chunk", "chunk_model": "x"}), BAD_FIELD,
+             "field 'chunk_model' must be a tensor, got str", decode_message)  # fmt: skip
+    _refused(_raw({"type": "action_chunk", "chunk_robot": [1.0]}), BAD_FIELD,
+             "field 'chunk_robot' must be a tensor, got list", decode_message)  # fmt: skip
+    chunk = decode_message(_raw({"type": "action_chunk", "chunk_model": None}), LIMITS)
+    assert chunk.chunk_model.shape == (0, 0)  # type: ignore[union-attr]

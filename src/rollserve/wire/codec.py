@@ -111,18 +111,23 @@ def _number(name: str, value: Any, limits: WireLimits, payload: Payload) -> floa
     return float(value)
 
 
-def _capped_str(limit_name: str) -> Any:
-    """A string of at most ``limits.<limit_name>`` characters: client-chosen text stays small."""
+# The converters are module functions, not closures made per rule: the rule table is built at
+# import, where a closure's body could not be reached by mutation testing (tools/mutation.py).
+def _capped_str(name: str, value: Any, cap: int) -> str:
+    """A string of at most ``cap`` characters: client-chosen text stays small."""
+    if type(value) is not str:
+        raise _bad(name, "a string", value)
+    if len(value) > cap:
+        raise WireError(BAD_FIELD, f"field {name!r} is longer than {cap} characters")
+    return value
 
-    def validate(name: str, value: Any, limits: WireLimits, payload: Payload) -> str:
-        cap = getattr(limits, limit_name)
-        if type(value) is not str:
-            raise _bad(name, "a string", value)
-        if len(value) > cap:
-            raise WireError(BAD_FIELD, f"field {name!r} is longer than {cap} characters")
-        return value
 
-    return validate
+def _name(name: str, value: Any, limits: WireLimits, payload: Payload) -> str:
+    return _capped_str(name, value, limits.max_name_chars)
+
+
+def _task(name: str, value: Any, limits: WireLimits, payload: Payload) -> str:
+    return _capped_str(name, value, limits.max_task_chars)
 
 
 def _names(name: str, value: Any, limits: WireLimits, payload: Payload) -> list[str]:
@@ -136,26 +141,37 @@ def _names(name: str, value: Any, limits: WireLimits, payload: Payload) -> list[
     return value
 
 
-def _list_of(item_type: type, expected: str) -> Any:
-    def validate(name: str, value: Any, limits: WireLimits, payload: Payload) -> list[Any]:
-        if type(value) is not list or not all(type(x) is item_type for x in value):
-            raise _bad(name, expected, value)
-        return value
-
-    return validate
-
-
-def _array(expected: str, nil_allowed: bool) -> Any:
-    """A tensor field: a tensor map (unpacked without hooks) becomes a view of the frame here."""
-
-    def validate(name: str, value: Any, limits: WireLimits, payload: Payload) -> np.ndarray | None:
-        if type(value) is dict and NDARRAY_KEY in value:
-            return decode_array(value, limits, payload if OOB_KEY in value else None)
-        if type(value) is np.ndarray or (value is None and nil_allowed):
-            return value
+def _list_of(name: str, value: Any, item_type: type, expected: str) -> list[Any]:
+    if type(value) is not list or not all(type(x) is item_type for x in value):
         raise _bad(name, expected, value)
+    return value
 
-    return validate
+
+def _str_list(name: str, value: Any, limits: WireLimits, payload: Payload) -> list[str]:
+    return _list_of(name, value, str, "a list of strings")
+
+
+def _int_list(name: str, value: Any, limits: WireLimits, payload: Payload) -> list[int]:
+    return _list_of(name, value, int, "a list of ints")
+
+
+def _tensor(
+    name: str, value: Any, limits: WireLimits, payload: Payload, expected: str, nil_allowed: bool
+) -> np.ndarray | None:
+    """A tensor field: a tensor map (unpacked without hooks) becomes a view of the frame here."""
+    if type(value) is dict and NDARRAY_KEY in value:
+        return decode_array(value, limits, payload if OOB_KEY in value else None)
+    if type(value) is np.ndarray or (value is None and nil_allowed):
+        return value
+    raise _bad(name, expected, value)
+
+
+def _array(name: str, value: Any, limits: WireLimits, payload: Payload) -> np.ndarray | None:
+    return _tensor(name, value, limits, payload, "a tensor", False)
+
+
+def _opt_array(name: str, value: Any, limits: WireLimits, payload: Payload) -> np.ndarray | None:
+    return _tensor(name, value, limits, payload, "a tensor or nil", True)
 
 
 def _images(name: str, value: Any, limits: WireLimits, payload: Payload) -> dict[str, np.ndarray]:
@@ -183,18 +199,18 @@ class _Rule(NamedTuple):
 _RULES: dict[str, _Rule] = {
     "header": _Rule(convert=_header),
     "str": _Rule((str,), "a string"),
-    "name": _Rule(convert=_capped_str("max_name_chars")),
-    "task": _Rule(convert=_capped_str("max_task_chars")),
+    "name": _Rule(convert=_name),
+    "task": _Rule(convert=_task),
     "name_list": _Rule(convert=_names),
     "int": _Rule((int,), "an int"),
     "opt_int": _Rule((int, type(None)), "an int or nil"),
     "float": _Rule(convert=_number),
     "bool": _Rule((bool,), "a bool"),
-    "str_list": _Rule(convert=_list_of(str, "a list of strings")),
-    "int_list": _Rule(convert=_list_of(int, "a list of ints")),
+    "str_list": _Rule(convert=_str_list),
+    "int_list": _Rule(convert=_int_list),
     "dict": _Rule((dict,), "a map"),
-    "array": _Rule(convert=_array("a tensor", False)),
-    "opt_array": _Rule(convert=_array("a tensor or nil", True)),
+    "array": _Rule(convert=_array),
+    "opt_array": _Rule(convert=_opt_array),
     "images": _Rule(convert=_images),
 }
 # Per message class: (field, nil allowed, convert, types, expected), worked out once instead of
