@@ -17,8 +17,19 @@ import pytest
 import simplejpeg
 
 import rollserve.wire.msgpack_codec as msgpack_codec
-from rollserve.wire import WireError, WireLimits, decode_tensor, encode_tensor, pack_frame, packb, unpackb
+from rollserve.wire import (
+    WireError,
+    WireLimits,
+    decode_message,
+    decode_observation,
+    decode_tensor,
+    encode_tensor,
+    pack_frame,
+    packb,
+    unpackb,
+)
 from rollserve.wire.errors import (
+    BAD_FIELD,
     BAD_IMAGE,
     IMAGE_TOO_LARGE,
     MALFORMED_FRAME,
@@ -207,3 +218,58 @@ def test_a_jpeg_whose_body_is_cut_is_refused_after_its_header() -> None:
     with pytest.raises(WireError) as info:
         decode_images({"top": cut}, LIMITS)
     assert (info.value.code, info.value.message) == (BAD_IMAGE, "not a decodable JPEG")
+
+
+# -- typed messages: the header's fast path, lists, images as tensors -------------------------------
+def _observation(header: dict[str, Any]) -> bytes:
+    return msgpack.packb({"type": "observation", "header": header}, use_bin_type=True)
+
+
+def test_headers_are_read_by_field_name_in_any_order_or_subset() -> None:
+    full = {"schema_version": 1, "seq_id": 7, "episode_id": 3, "session_epoch": 2, "client_mono_ns": 99}
+    expected = (1, 7, 3, 2, 99)
+    for header in (full, dict(reversed(full.items()))):
+        h = decode_observation(_observation(header)).header
+        assert (h.schema_version, h.seq_id, h.episode_id, h.session_epoch, h.client_mono_ns) == expected
+    h = decode_observation(_observation({"seq_id": 7, "episode_id": 3})).header
+    assert (h.schema_version, h.seq_id, h.episode_id, h.session_epoch, h.client_mono_ns) == (1, 7, 3, 0, 0)
+
+
+@pytest.mark.parametrize("bad", [True, "7", 7.0])
+def test_a_complete_header_in_order_still_has_its_types_checked(bad: Any) -> None:
+    header = {"schema_version": 1, "seq_id": bad, "episode_id": 3, "session_epoch": 2, "client_mono_ns": 99}
+    with pytest.raises(WireError) as info:
+        decode_observation(_observation(header))
+    assert (info.value.code, info.value.message) == (
+        BAD_FIELD, f"field 'header.seq_id' must be an int, got {type(bad).__name__}"
+    )  # fmt: skip
+
+
+def test_string_lists_name_the_field() -> None:
+    frame = msgpack.packb({"type": "session_ack", "action_names": ["a", 1]})
+    with pytest.raises(WireError) as info:
+        decode_message(frame)
+    assert (info.value.code, info.value.message) == (
+        BAD_FIELD,
+        "field 'action_names' must be a list of strings, got list",
+    )
+
+
+def test_images_sent_as_bare_tensors_are_read_out_of_band_and_inline() -> None:
+    """A sender may put a pixel tensor where an image goes (no image map): every camera's tensor is
+    read from where its map says, out of band or inline, in a frame of either kind."""
+    a = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    b = np.full((4, 1, 3), 7, np.uint8)
+    frame = pack_frame({"type": "observation", "images": {"a": a, "b": b}})
+    images = decode_observation(frame).images
+    np.testing.assert_array_equal(images["a"], a)
+    np.testing.assert_array_equal(images["b"], b)
+
+    def inline(array: np.ndarray) -> dict[bytes, Any]:
+        return {b"__ndarray__": True, b"data": array.tobytes(), b"dtype": "|u1", b"shape": list(array.shape)}
+
+    as_map = {b"__image__": True, b"format": "raw", b"pixels": inline(b)}
+    mixed = _rsv1({"type": "observation", "images": {"a": inline(a), "b": as_map}})
+    images = decode_observation(mixed).images
+    np.testing.assert_array_equal(images["a"], a)
+    np.testing.assert_array_equal(images["b"], b)
