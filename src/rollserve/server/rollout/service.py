@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import msgpack
 import numpy as np
 
 from rollserve.engine import BatchingWorker, Completed, EngineClosed
@@ -119,6 +120,12 @@ def _exactly(values: Any, count: int, name: str) -> np.ndarray:
 
 def _finite_array(values: Any, name: str) -> np.ndarray:
     """Numbers that stay finite as float32 (what the worlds compute in), flattened to float64."""
+    if type(values) is float:  # a validated scalar (gripper_position): the common case, checked in Python
+        values = [values]
+    if type(values) is list and len(values) <= MAX_VECTOR and all(type(v) is float for v in values):
+        if not all(-FLOAT32_MAX <= v <= FLOAT32_MAX for v in values):  # NaN compares False too
+            raise ValueError(f"{name} must be finite and within float32 range")
+        return np.array(values, dtype=np.float64)
     if isinstance(values, np.ndarray) and values.size > MAX_VECTOR:
         raise ValueError(f"{name} holds more than {MAX_VECTOR} values")
     array = np.asarray(values, dtype=np.float64).reshape(-1)
@@ -130,12 +137,16 @@ def _finite_array(values: Any, name: str) -> np.ndarray:
 
 
 def as_float32(value: Any) -> np.ndarray:
-    """A world output as a C-contiguous little-endian float32 array (tensors are moved to the CPU)."""
-    for method in ("detach", "float", "cpu", "numpy"):
-        if callable(getattr(value, method, None)) and not isinstance(value, np.ndarray):
-            value = getattr(value, method)()
+    """A world output as a C-contiguous little-endian float32 array (tensors are moved to the CPU).
+
+    An array that already is one is returned as it is, checked only for finiteness (the common case:
+    a batch of 32 items calls this 64 times, so it avoids the attribute probes a tensor needs)."""
+    if not isinstance(value, np.ndarray):
+        for method in ("detach", "float", "cpu", "numpy"):
+            if callable(getattr(value, method, None)):
+                value = getattr(value, method)()
     array = np.ascontiguousarray(value, dtype="<f4")
-    if not np.all(np.isfinite(array)):
+    if not np.isfinite(array).all():
         raise ValueError("world output is not finite")
     return array
 
@@ -386,15 +397,18 @@ class RolloutService:
         for item, answer in zip(items, answers, strict=True):
             assert answer is not None
             status = "ok" if answer.error is None else "error"
-            results.append(BatchStepResult(session_id=item.session_id, status=status, **dict(answer)))
+            # the fields, not dict(answer): pydantic's iteration costs ~10 µs per item
+            results.append(BatchStepResult(session_id=item.session_id, status=status, **answer.__dict__))
         return BatchStepResponse(results=results)
 
     @staticmethod
     def fingerprint(req: RolloutStepRequest) -> str:
         """The request's content hash, computed once (routes do it off the loop for big bodies)."""
-        if req._fingerprint is None:
+        private = req.__pydantic_private__  # read directly: pydantic's __getattr__ costs ~2 µs
+        if private is None or private.get("_fingerprint") is None:
             req._fingerprint = _fingerprint(req)
-        return req._fingerprint
+            return req._fingerprint
+        return private["_fingerprint"]
 
     def _touch(self, session: RolloutSession) -> None:
         """Restart the session's idle clock after a request (stores without idle expiry skip it)."""
@@ -721,7 +735,25 @@ def _empty(action: Action) -> bool:
 
 
 def _fingerprint(req: RolloutStepRequest) -> str:
-    """What identifies a request's content, so a duplicate can be told from a different step."""
+    """What identifies a request's content, so a duplicate can be told from a different step.
+
+    A step whose only data are numbers and a prompt (no images, no ``extra``: what trainers send)
+    hashes the msgpack of its fields (exact for floats; a float and a list stay apart), ~10x cheaper
+    than the JSON of the whole model; anything else hashes that JSON. A prefix keeps the two apart,
+    and which one applies depends only on the content, so equal requests always get equal prints.
+    """
+    obs, action = req.observation, req.action
+    if obs.images is None and not obs.extra and not action.extra:
+        fields = (
+            req.__dict__.get("session_id"),  # a batch item's session is part of its content
+            req.step_id,
+            req.use_session_context,
+            obs.state,
+            obs.prompt,
+            action.joint_positions,
+            action.gripper_position,
+        )
+        return hashlib.sha256(b"plain:" + msgpack.packb(fields)).hexdigest()
 
     def plain(value: Any) -> Any:
         if isinstance(value, np.ndarray | np.generic):
@@ -740,8 +772,20 @@ def _finite(value: Any, name: str) -> float:
     return number
 
 
+_PLAIN_SCALARS = (bool, int, str, type(None))
+
+
 def _json_safe(info: dict[str, Any]) -> dict[str, Any]:
-    """The world's info dict as plain JSON values (numpy scalars and small arrays converted)."""
+    """The world's info dict as plain JSON values (numpy scalars and small arrays converted).
+
+    A flat dict of plain scalars (what worlds usually return, e.g. ``{"success": False}``) is copied
+    as it is: a JSON round trip would give back equal values, at ~10 µs per step."""
+    if all(
+        type(key) is str
+        and (type(value) in _PLAIN_SCALARS or (type(value) is float and math.isfinite(value)))
+        for key, value in info.items()
+    ):
+        return dict(info)
 
     def plain(value: Any) -> Any:
         if isinstance(value, np.ndarray | np.generic):

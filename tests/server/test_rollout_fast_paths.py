@@ -1,0 +1,125 @@
+"""The per-item fast paths of a step (fingerprint, output checks, info copy) give exactly what the
+general paths give: equal requests equal prints, different requests different ones, the same values."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+
+from rollserve.server.rollout.protocol import BatchStepItem, RolloutStepRequest
+from rollserve.server.rollout.service import (
+    RolloutService,
+    _fingerprint,
+    _finite_array,
+    _json_safe,
+    as_float32,
+)
+
+JOINTS = [0.1, -0.2, 0.3, 0.0, 0.5, -0.6, 0.7]
+
+
+def _step(**fields: object) -> RolloutStepRequest:
+    body = {"step_id": 3, "observation": {}, "action": {"joint_positions": JOINTS, "gripper_position": 0.25}}
+    return RolloutStepRequest.model_validate({**body, **fields})
+
+
+def test_a_plain_step_prints_the_msgpack_of_its_fields() -> None:
+    """Pinned independently: sha256 over a prefix and the msgpack of (session, step, context, state,
+    prompt, joints, gripper)."""
+    fields = (None, 3, True, None, "", JOINTS, 0.25)
+    expected = hashlib.sha256(b"plain:" + msgpack.packb(fields)).hexdigest()
+    assert _fingerprint(_step()) == expected
+    item = BatchStepItem.model_validate({**_step().model_dump(), "session_id": "s1"})
+    expected_item = hashlib.sha256(b"plain:" + msgpack.packb(("s1", *fields[1:]))).hexdigest()
+    assert _fingerprint(item) == expected_item
+
+
+def test_a_step_with_extra_or_images_prints_its_sorted_json() -> None:
+    req = _step(observation={"extra": {"seed": 4, "b": [1, 2]}})
+    body = json.dumps(req.model_dump(), sort_keys=True)
+    assert _fingerprint(req) == hashlib.sha256(body.encode()).hexdigest()
+    reordered = _step(observation={"extra": {"b": [1, 2], "seed": 4}})
+    assert _fingerprint(reordered) == _fingerprint(req)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        {"step_id": 4},
+        {"use_session_context": False},
+        {"action": {"joint_positions": [*JOINTS[:6], 0.7000001], "gripper_position": 0.25}},
+        {"action": {"joint_positions": [-0.0 if v == 0.0 else v for v in JOINTS], "gripper_position": 0.25}},
+        {"action": {"joint_positions": JOINTS, "gripper_position": [0.25]}},
+        {"action": {"joint_positions": JOINTS}},
+        {"observation": {"state": [0.0] * 8}},
+        {"observation": {"prompt": "pick"}},
+        {"observation": {"extra": {"seed": 1}}},
+    ],
+)
+def test_any_change_of_content_changes_the_print(other: dict[str, object]) -> None:
+    assert _fingerprint(_step(**other)) != _fingerprint(_step())
+    assert _fingerprint(_step(**other)) == _fingerprint(_step(**other))
+
+
+def test_the_service_caches_the_print_on_the_request() -> None:
+    req = _step()
+    first = RolloutService.fingerprint(req)
+    assert first == _fingerprint(req) and req._fingerprint == first
+    assert RolloutService.fingerprint(req) is first
+
+
+@pytest.mark.parametrize(
+    "info",
+    [{"success": False}, {"n": 3, "x": -0.0, "name": "a", "none": None, "big": 2**70, "f": 1 / 3}],
+)
+def test_a_flat_plain_info_is_what_a_json_round_trip_gives(info: dict[str, object]) -> None:
+    out = _json_safe(info)
+    expected = json.loads(json.dumps(info, allow_nan=False))
+    assert out == expected and out is not info
+    assert [type(v) for v in out.values()] == [type(v) for v in expected.values()]
+    assert math.copysign(1.0, out.get("x", 1.0)) == math.copysign(1.0, expected.get("x", 1.0))
+
+
+def test_numpy_nested_and_non_finite_info_take_the_general_path() -> None:
+    assert _json_safe({"a": np.float32(0.5), "b": {"c": np.arange(2)}}) == {"a": 0.5, "b": {"c": [0, 1]}}
+    with pytest.raises(ValueError):
+        _json_safe({"a": float("nan")})
+    with pytest.raises(TypeError):
+        _json_safe({"a": object()})
+
+
+def test_a_float32_array_is_passed_through_and_others_are_converted() -> None:
+    array = np.arange(6, dtype=np.float32).reshape(1, 2, 3)
+    assert as_float32(array) is array
+    doubled = as_float32(array.astype(np.float64)[:, :, ::-1])
+    assert doubled.dtype == np.dtype("<f4") and doubled.flags.c_contiguous
+    assert doubled.tolist() == [[[2.0, 1.0, 0.0], [5.0, 4.0, 3.0]]]
+    assert as_float32(torch.ones(2, 2)).tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    for bad in (np.array([1.0, np.inf], np.float32), np.array([np.nan]), torch.tensor([float("nan")])):
+        with pytest.raises(ValueError, match="not finite"):
+            as_float32(bad)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1e39, 3.5e38])
+@pytest.mark.parametrize("where", [0, 3, 6])
+def test_a_non_finite_value_anywhere_in_a_vector_is_refused(bad: float, where: int) -> None:
+    values = list(JOINTS)
+    values[where] = bad
+    with pytest.raises(ValueError, match="finite and within float32 range"):
+        _finite_array(values, "joint_positions")
+    with pytest.raises(ValueError, match="finite and within float32 range"):
+        _finite_array(bad, "gripper_position")
+
+
+def test_vectors_keep_their_values_whatever_their_type() -> None:
+    assert _finite_array(JOINTS, "j").tolist() == JOINTS
+    assert _finite_array(0.25, "g").tolist() == [0.25]
+    assert _finite_array([1, 2], "ints").tolist() == [1.0, 2.0]
+    assert _finite_array(np.array([[1.5], [2.5]], np.float32), "array").tolist() == [1.5, 2.5]
+    assert _finite_array(JOINTS, "j").dtype == np.float64
