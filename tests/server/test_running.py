@@ -53,3 +53,21 @@ def test_serve_keeps_freed_memory_unless_the_user_tuned_malloc(env: dict[str, st
         [sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == expected
+
+
+def test_startup_objects_are_frozen_after_garbage_is_collected() -> None:
+    """Garbage cycles alive at startup are collected, not frozen; live objects leave the collector's
+    generations (a later full collection walks none of them). In a subprocess: it is process-wide."""
+    code = """
+import gc, weakref
+from rollserve.server.running import freeze_startup_objects
+class Node: pass
+cycle = Node(); cycle.self = cycle; dead = weakref.ref(cycle); del cycle
+kept = [Node() for _ in range(1000)]
+gc.disable()  # nothing collects behind the call's back
+frozen = freeze_startup_objects()
+print(dead() is None, frozen == gc.get_freeze_count() > 1000, sum(gc.get_count()) < 100,
+      not any(gc.is_tracked(k) and k in gc.get_objects(2) for k in kept[:3]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True"] * 4

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import os
 import platform
 import socket
@@ -122,6 +123,20 @@ def keep_freed_memory() -> bool:
     )
 
 
+def freeze_startup_objects() -> int:
+    """Take everything alive once the server is built out of the cyclic garbage collector's sight.
+
+    Torch, the model, pydantic's schemas and the app are ~230k tracked objects that live as long as
+    the process. Every full collection walks all of them again: ~0.2 s on a loaded 2-core VM, about
+    once per few hundred requests (measured over 32-session ``batch_step`` calls, ~1 ms of each
+    batch on average, every client stalled meanwhile). ``gc.collect`` first, so no garbage is
+    frozen. Process-wide, so only ``rollserve serve`` calls it. Returns the number frozen.
+    """
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def start_in_thread(app, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0) -> RunningServer:  # type: ignore[no-untyped-def]
     """Start uvicorn on a thread and wait until it accepts connections."""
     sock = listening_socket(host, port)
@@ -160,6 +175,7 @@ def run_foreground(  # type: ignore[no-untyped-def]
     host, port = sock.getsockname()[:2]
     server = uvicorn.Server(uvicorn_config(app, host, port, log_level))
     guard_log_volume()  # after uvicorn configured its handlers
+    freeze_startup_objects()  # last: the app, the services and uvicorn's config are built
     if on_started is not None:
 
         def announce() -> None:
