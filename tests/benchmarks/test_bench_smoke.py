@@ -90,6 +90,15 @@ def test_rollouts() -> None:
         assert all(path["steps_per_s"] > 0 for path in point.values())
 
 
+def test_batch_step_cpu() -> None:
+    result = run_benchmark(
+        "bench_batch_step_cpu.py", "--world", "toy", "--sessions", "2", "--seconds", "0.3", "--rounds", "1"
+    )
+    assert result["benchmark"] == "batch_step_cpu" and result["sessions"] == 2
+    (tree,) = result["trees"].values()
+    assert tree["wall_ms"] > 0 and tree["server_ms"] >= tree["loop_ms"] >= 0 and tree["client_ms"] >= 0
+
+
 def test_run_all_writes_json_and_markdown(tmp_path: Path) -> None:
     command = [
         sys.executable,
@@ -109,7 +118,14 @@ def test_run_all_writes_json_and_markdown(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "script", ["bench_roundtrip.py", "bench_many_robots.py", "bench_rollouts.py", "run_all.py"]
+    "script",
+    [
+        "bench_roundtrip.py",
+        "bench_many_robots.py",
+        "bench_rollouts.py",
+        "bench_batch_step_cpu.py",
+        "run_all.py",
+    ],
 )
 def test_help(script: str) -> None:
     done = subprocess.run(
