@@ -155,6 +155,26 @@ async def test_cancelled_submit_many_does_not_run_what_is_still_queued() -> None
         worker.close()
 
 
+async def test_submit_many_closed_midway_gets_what_ran_and_engine_closed_for_the_rest() -> None:
+    """The queued items of a group are abandoned one by one; the caller wakes once all are settled."""
+    gate = Gate()
+    worker = BatchingWorker(gate.run, max_batch_size=1)
+    task = asyncio.ensure_future(worker.submit_many([1, 2, 3]))
+    await gate.wait_started()  # item 1 runs; 2 and 3 are queued
+    closing = asyncio.ensure_future(asyncio.to_thread(worker.close))
+
+    async def abandoned() -> None:  # close() abandons the queued items before it joins the thread
+        while worker.queue_depth:
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(abandoned(), WAIT)
+    gate.release.set()
+    await closing
+    results = await asyncio.wait_for(task, WAIT)
+    assert results[0].value == 2 and gate.ran == [1]
+    assert all(isinstance(r, EngineClosed) for r in results[1:])
+
+
 async def test_model_crash_fails_every_item_but_worker_survives() -> None:
     calls = {"n": 0}
 

@@ -49,36 +49,64 @@ class Completed(Generic[Res]):
     batch_size: int
 
 
+class _Group:
+    """The requests of one ``submit_many``: each outcome lands in one list, and the last one wakes
+    the waiting event loop once. No future per request: a concurrent future allocates a lock and a
+    condition, and settling 32 of them cost ~0.3 ms of CPU per 32-item ``batch_step``."""
+
+    __slots__ = ("cancelled", "countdown", "done", "loop", "outcomes")
+
+    def __init__(self, size: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.outcomes: list[Any] = [None] * size
+        self.countdown = itertools.count(size - 1, -1)  # next() is atomic: outcomes may race
+        self.loop = loop
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.cancelled = False  # the caller gave up: requests not yet started are skipped
+
+    def settle(self, index: int, outcome: Any) -> None:
+        self.outcomes[index] = outcome
+        if next(self.countdown) == 0:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                self.loop.call_soon_threadsafe(_set_if_pending, self.done)
+
+
 @dataclass
 class _Pending:
     """One queued request, and the future its caller waits on.
 
     An async caller waits on a future of its own event loop, settled with one
     ``call_soon_threadsafe`` (about 40 µs less per request on a round trip than a concurrent future
-    wrapped for asyncio); threads and callbacks get a concurrent future.
+    wrapped for asyncio); threads and callbacks get a concurrent future; the requests of one
+    ``submit_many`` share a :class:`_Group` instead (``future`` is then None).
     """
 
     item: Any
     key: Hashable | None
-    future: Future | asyncio.Future = field(default_factory=Future)
+    future: Future | asyncio.Future | None = field(default_factory=Future)
     loop: asyncio.AbstractEventLoop | None = None  # set when ``future`` belongs to this loop
     enqueued: float = field(default_factory=time.perf_counter)
+    group: _Group | None = None
+    index: int = 0  # the request's place in its group
 
     def start(self) -> bool:
         """Whether the caller still wants the outcome; a concurrent future is marked running."""
+        if self.group is not None:
+            return not self.group.cancelled  # a benign race: a late outcome is simply not read
         if self.loop is None:
             return self.future.set_running_or_notify_cancel()  # type: ignore[union-attr]
-        return not self.future.cancelled()  # a benign race: a late cancel is ignored by _settle
+        return not self.future.cancelled()  # type: ignore[union-attr]  # a late cancel is ignored by _settle
 
     def finish(self, outcome: Any) -> None:
         """Hand over a :class:`Completed` or an exception; callable from any thread."""
-        if self.loop is not None:
+        if self.group is not None:
+            self.group.settle(self.index, outcome)
+        elif self.loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
                 self.loop.call_soon_threadsafe(_settle, self.future, outcome)
         elif isinstance(outcome, BaseException):
-            self.future.set_exception(outcome)
+            self.future.set_exception(outcome)  # type: ignore[union-attr]
         else:
-            self.future.set_result(outcome)
+            self.future.set_result(outcome)  # type: ignore[union-attr]
 
 
 @dataclass
@@ -208,29 +236,24 @@ class BatchingWorker(Generic[Req, Res]):
         """Queue several requests together (they land in the same batch when the size allows).
 
         The event loop is woken once, when the last of them is done, not once per item: for a
-        32-item ``batch_step`` that is ~20 µs less per item.
+        32-item ``batch_step`` that is ~20 µs less per item. The outcomes are collected in one
+        :class:`_Group`, without a future per item.
         """
         if not items:
             return []
-        loop = asyncio.get_running_loop()
-        all_done = loop.create_future()
-        batch = [_Pending(item=item, key=None) for item in items]
-        countdown = itertools.count(len(batch) - 1, -1)  # next() is atomic: callbacks may race
-
-        def one_done(_: Future) -> None:
-            if next(countdown) == 0:
-                loop.call_soon_threadsafe(_set_if_pending, all_done)
-
-        for pending in batch:
-            pending.future.add_done_callback(one_done)
-        self._enqueue(*batch)
+        group = _Group(len(items), asyncio.get_running_loop())
+        self._enqueue(
+            *(
+                _Pending(item=item, key=None, future=None, group=group, index=i)
+                for i, item in enumerate(items)
+            )
+        )
         try:
-            await all_done
+            await group.done
         except asyncio.CancelledError:
-            for pending in batch:
-                pending.future.cancel()  # not run yet: the worker skips it
+            group.cancelled = True  # those not started yet are skipped by the worker
             raise
-        return [p.future.exception() or p.future.result() for p in batch]
+        return group.outcomes
 
     def run_now(self, item: Req) -> Completed[Res]:
         """Blocking submit, for callers without an event loop (local engines, scripts)."""
