@@ -273,3 +273,38 @@ def test_images_sent_as_bare_tensors_are_read_out_of_band_and_inline() -> None:
     images = decode_observation(mixed).images
     np.testing.assert_array_equal(images["a"], a)
     np.testing.assert_array_equal(images["b"], b)
+
+
+def test_typed_messages_build_tensors_only_where_a_tensor_belongs() -> None:
+    """A tensor map in a field that is not a tensor is never built: an unknown field's is ignored
+    (even a refused dtype), a string field's is refused as the map it is; an inline tensor where one
+    belongs is read inline even in an out-of-band frame."""
+    complex_map = {b"__ndarray__": True, b"data": b"\0" * 8, b"dtype": "<c8", b"shape": [1]}
+    state = np.array([0.5, -1.0], np.float32)
+    inline_state = {b"__ndarray__": True, b"data": state.tobytes(), b"dtype": "<f4", b"shape": [2]}
+    frame = _rsv1({"type": "observation", "state": inline_state, "junk": complex_map})
+    np.testing.assert_array_equal(decode_observation(frame).state, state)
+    with pytest.raises(WireError) as info:
+        decode_observation(msgpack.packb({"type": "observation", "task": inline_state}))
+    assert (info.value.code, info.value.message) == (BAD_FIELD, "field 'task' must be a string, got dict")
+
+
+def test_messages_with_free_form_maps_apply_the_limits_they_are_given() -> None:
+    tensor = {b"__ndarray__": True, b"data": b"\0" * 404, b"dtype": "<f4", b"shape": [101]}
+    frame = msgpack.packb({"type": "session_ack", "policy": {"t": tensor}})
+    with pytest.raises(WireError) as info:
+        decode_message(frame, WireLimits(max_tensor_elements=100))
+    assert (info.value.code, info.value.message) == (
+        TOO_MANY_ELEMENTS,
+        "101 elements exceeds the limit of 100",
+    )
+
+
+def test_a_document_may_hold_exactly_its_container_budget() -> None:
+    limits = WireLimits(container_floor=3)  # 3 + 6 // 16 = 3 maps and lists for a 6-byte document
+    three = msgpack.packb([[], [], 0, 0, 0])
+    assert len(three) == 6 and unpackb(three, limits) == [[], [], 0, 0, 0]
+    four = msgpack.packb([[], [], [], 0, 0])
+    _refused(
+        four, TOO_MANY_OBJECTS, "more than 1000000 values or 3 maps and lists in a 6-byte document", limits
+    )
