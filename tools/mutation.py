@@ -108,8 +108,12 @@ def _env() -> dict[str, str]:
 def run(name: str, workdir: Path, *, children: int, timeout_s: float) -> int:
     """Run mutmut in the scratch copy; returns its exit status (124 when the time bound hit)."""
     log = workdir / "mutmut.log"
-    command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(children)]
     print(f"[{name}] mutating {', '.join(MODULES[name].sources)} (log: {log})", flush=True)
+    return _mutmut_run(workdir, [], log, children=children, timeout_s=timeout_s)
+
+
+def _mutmut_run(workdir: Path, names: list[str], log: Path, *, children: int, timeout_s: float) -> int:
+    command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(children), *names]
     with log.open("w") as out:
         try:
             return subprocess.run(
@@ -120,36 +124,41 @@ def run(name: str, workdir: Path, *, children: int, timeout_s: float) -> int:
 
 
 def recheck(name: str, workdir: Path, *, children: int, timeout_s: float) -> int:
-    """Rerun only the mutants the last run of ``name`` did not detect, against today's tests.
+    """Finish the last run of ``name`` against today's code and tests, without redoing its kills.
 
-    Mutants it killed stay killed (tests were only added), so the table is that of a full rerun,
-    in a fraction of the time. The mutated files must be those of the last run (mutant names are
-    only stable for unchanged code); the rest of ``src/`` and the tests are brought up to date.
+    The scratch copy gets today's ``src/`` and ``tests/``. mutmut keeps the results of functions
+    whose code is unchanged (by hash) and forgets those of changed ones, so a first pass checks
+    every mutant without a result (changed functions, or left by a time bound), and a second pass
+    reruns what survived. A mutant a test killed stays killed (tests are only ever added), so the
+    table is that of a full rerun in a fraction of the time.
     """
+    if not (workdir / "mutants").exists():
+        raise SystemExit(f"[{name}] no earlier run to recheck: run it in full")
+    deadline = time.monotonic() + timeout_s
     mutated = {p.relative_to(ROOT) for pattern in MODULES[name].sources for p in ROOT.glob(pattern)}
-    if not workdir.exists() or any((ROOT / f).read_bytes() != (workdir / f).read_bytes() for f in mutated):
-        raise SystemExit(f"[{name}] its sources changed since the last run (or none yet): run it in full")
     for path in (ROOT / "src").rglob("*.py"):
         relative = path.relative_to(ROOT)
+        copy = workdir / relative
+        if copy.exists() and copy.read_bytes() == path.read_bytes():
+            continue
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, copy)  # a fresh mtime: mutmut regenerates the mutants of a mutated file
         if relative not in mutated:
-            for copy in (workdir / relative, workdir / "mutants" / relative):
-                copy.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(path, copy)
+            (workdir / "mutants" / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, workdir / "mutants" / relative)
     shutil.rmtree(workdir / "tests")
     shutil.copytree(ROOT / "tests", workdir / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    again = sorted(k for k, v in results(workdir).items() if v not in DETECTED)
-    print(f"[{name}] rechecking {len(again)} mutants the last run did not detect", flush=True)
+    print(f"[{name}] pass 1: mutants without a result", flush=True)
+    log = workdir / "mutmut-recheck-1.log"
+    status = _mutmut_run(workdir, [], log, children=children, timeout_s=deadline - time.monotonic())
+    if status == 124:
+        return status
+    again = sorted(k for k, v in results(workdir).items() if v not in DETECTED | UNCHECKED)
+    print(f"[{name}] pass 2: rechecking {len(again)} mutants no test detected", flush=True)
     if not again:
-        return 0
-    log = workdir / "mutmut-recheck.log"
-    command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(children), *again]
-    with log.open("w") as out:
-        try:
-            return subprocess.run(
-                command, cwd=workdir, env=_env(), stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s
-            ).returncode
-        except subprocess.TimeoutExpired:
-            return 124
+        return status
+    log = workdir / "mutmut-recheck-2.log"
+    return _mutmut_run(workdir, again, log, children=children, timeout_s=deadline - time.monotonic())
 
 
 def results(workdir: Path) -> dict[str, str]:
