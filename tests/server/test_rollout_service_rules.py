@@ -37,7 +37,14 @@ from rollserve.server.rollout.protocol import (
     ResetSessionRequest,
     RolloutStepRequest,
 )
-from rollserve.server.rollout.service import RolloutError, RolloutService, fold_action_into_observation
+from rollserve.server.rollout.service import (
+    RolloutError,
+    RolloutService,
+    _fingerprint,
+    _finite_array,
+    _json_safe,
+    fold_action_into_observation,
+)
 from rollserve.server.rollout.store import Commit, RolloutSession, RolloutStore, apply_commit
 from rollserve.server.settings import ServerSettings
 from rollserve.wire.images import IMAGE_KEY
@@ -1462,3 +1469,78 @@ async def test_timings_are_milliseconds_of_the_services_clock_and_the_engines_wa
         assert (meta.latency_ms, meta.queue_wait_ms, meta.batch_size) == (250.0, 12.3, 3)
     finally:
         svc.close()
+
+
+def test_every_field_of_a_plain_step_is_part_of_its_fingerprint() -> None:
+    def req(**changes: Any) -> RolloutStepRequest:
+        body: dict[str, Any] = {
+            "step_id": 3,
+            "observation": {"state": [0.5, 0.25], "prompt": "pick"},
+            "action": {"joint_positions": [0.125] * 7, "gripper_position": 0.5},
+            "use_session_context": True,
+        }
+        for key, value in changes.items():
+            part, _, field = key.partition("__")
+            if field:
+                body[part] = {**body[part], field: value}
+            else:
+                body[part] = value
+        return RolloutStepRequest.model_validate(body)
+
+    variants = [
+        req(),
+        req(step_id=4),
+        req(use_session_context=False),
+        req(observation__state=[0.5, 0.5]),
+        req(observation__prompt="place"),
+        req(action__joint_positions=[0.125] * 6 + [0.25]),
+        req(action__gripper_position=0.75),
+        req(action__gripper_position=[0.5]),  # a list is not the scalar
+        req(observation__extra={"k": 1}),
+        req(action__extra={"k": 1}),
+        req(observation__images={"cam": "client-encoded"}),
+    ]
+    prints = [_fingerprint(v) for v in variants]
+    assert len(set(prints)) == len(variants)
+    assert _fingerprint(req()) == prints[0]
+    item = {"step_id": 3, "observation": {}, "action": {}}
+    a = BatchStepItem.model_validate({**item, "session_id": "a"})
+    b = BatchStepItem.model_validate({**item, "session_id": "b"})
+    assert _fingerprint(a) != _fingerprint(b)  # a batch item's session is part of its content
+
+
+def test_a_fingerprint_is_computed_once_per_request() -> None:
+    req = RolloutStepRequest(step_id=0, observation=Observation(), action=Action())
+    first = RolloutService.fingerprint(req)
+    assert first == _fingerprint(req)
+    req._fingerprint = "set-off-the-loop"  # what the routes do for big bodies
+    assert RolloutService.fingerprint(req) == "set-off-the-loop"
+
+
+def test_info_keys_become_json_strings() -> None:
+    assert _json_safe({1: True, "n": None, "i": 3, "s": "x", "f": 0.5}) == {
+        "1": True,
+        "n": None,
+        "i": 3,
+        "s": "x",
+        "f": 0.5,
+    }
+    with pytest.raises(ValueError):
+        _json_safe({"f": float("inf")})
+    converted = _json_safe({"f": np.float32(0.5), "b": np.bool_(True)})
+    assert converted == {"f": 0.5, "b": True}
+    assert [type(v) for v in converted.values()] == [float, bool]  # plain JSON values, not numpy's
+
+
+def test_fold_scalar_and_float_list_fast_paths_check_the_range() -> None:
+    assert _finite_array(0.5, "g").tolist() == [0.5] and _finite_array(0.5, "g").dtype == np.float64
+    assert _finite_array([FLOAT32_MAX, -FLOAT32_MAX], "v").tolist() == [FLOAT32_MAX, -FLOAT32_MAX]
+    for bad in (float("nan"), FLOAT32_MAX * 2, -FLOAT32_MAX * 2, [0.0, float("nan")], [-FLOAT32_MAX * 2]):
+        with pytest.raises(ValueError) as err:
+            _finite_array(bad, "v")
+        assert str(err.value) == "v must be finite and within float32 range"
+    with pytest.raises(ValueError) as err:
+        _finite_array([0.0] * (MAX_VECTOR + 1), "v")
+    assert str(err.value) == f"v holds more than {MAX_VECTOR} values"
+    assert _finite_array([0.0] * MAX_VECTOR, "v").shape == (MAX_VECTOR,)
+    assert _finite_array([1, 2.5], "v").tolist() == [1.0, 2.5]
