@@ -308,3 +308,29 @@ def test_a_document_may_hold_exactly_its_container_budget() -> None:
     _refused(
         four, TOO_MANY_OBJECTS, "more than 1000000 values or 3 maps and lists in a 6-byte document", limits
     )
+
+
+def test_an_empty_out_of_band_header_is_refused_the_same_from_bytes_and_bytearray() -> None:
+    for frame in (b"RSV1\0\0\0\0", bytearray(b"RSV1\0\0\0\0")):
+        _refused(frame, MALFORMED_FRAME, "not a valid msgpack frame (ValueError)")
+
+
+def test_the_header_length_is_little_endian_even_when_read_big_endian_would_fit() -> None:
+    """A 256-byte header (``00 01 00 00``) read big-endian is 65,536 bytes: with a payload over that,
+    only the little-endian reading decodes the frame."""
+    payload = np.arange(20_000, dtype=np.float32)  # 80,000 bytes
+    for pad in range(200, 260):
+        frame = pack_frame({"a": payload, "s": "x" * pad})
+        if int.from_bytes(frame[4:8], "little") == 256:
+            break
+    else:
+        pytest.fail("no padding gives a 256-byte header")
+    value = unpackb(frame)
+    assert value["s"] == "x" * pad
+    np.testing.assert_array_equal(value["a"], payload)
+
+
+def test_a_bytearray_document_is_counted_and_checked_like_bytes() -> None:
+    _refused(bytearray(msgpack.packb({"t": msgpack.Timestamp(1, 0)})), MALFORMED_FRAME, TIMESTAMP_REFUSED)
+    message = "more than 10 values or 1024 maps and lists in a 11-byte document"
+    _refused(bytearray(msgpack.packb(list(range(10)))), TOO_MANY_OBJECTS, message, WireLimits(max_objects=10))
