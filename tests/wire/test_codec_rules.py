@@ -334,3 +334,11 @@ def test_a_bytearray_document_is_counted_and_checked_like_bytes() -> None:
     _refused(bytearray(msgpack.packb({"t": msgpack.Timestamp(1, 0)})), MALFORMED_FRAME, TIMESTAMP_REFUSED)
     message = "more than 10 values or 1024 maps and lists in a 11-byte document"
     _refused(bytearray(msgpack.packb(list(range(10)))), TOO_MANY_OBJECTS, message, WireLimits(max_objects=10))
+
+
+def test_frames_received_as_bytearray_or_memoryview_read_the_aligned_payload() -> None:
+    array = np.arange(5, dtype=np.float64)
+    frame = pack_frame({"a": array})
+    assert (8 + int.from_bytes(frame[4:8], "little")) % 8 != 0  # the header is padded before the payload
+    for received in (bytearray(frame), memoryview(frame), memoryview(bytearray(frame))):
+        np.testing.assert_array_equal(unpackb(received)["a"], array)
