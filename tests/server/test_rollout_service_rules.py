@@ -1544,3 +1544,30 @@ def test_fold_scalar_and_float_list_fast_paths_check_the_range() -> None:
     assert str(err.value) == f"v holds more than {MAX_VECTOR} values"
     assert _finite_array([0.0] * MAX_VECTOR, "v").shape == (MAX_VECTOR,)
     assert _finite_array([1, 2.5], "v").tolist() == [1.0, 2.5]
+
+
+def test_vector_keys_also_take_scalars_and_arrays() -> None:
+    for scalar in (3, np.float32(0.5)):
+        folded = fold_action_into_observation(Observation(extra={"observation/state": scalar}), None)
+        assert folded["observation/state"].tolist() == [float(scalar)]
+    edge = _finite_array(np.array([FLOAT32_MAX, -FLOAT32_MAX]), "v")
+    assert edge.tolist() == [FLOAT32_MAX, -FLOAT32_MAX]  # the range is inclusive on every path
+    for bad in (np.array([np.nan]), np.array([[FLOAT32_MAX * 2]]), [[float("inf")]]):
+        with pytest.raises(ValueError) as err:
+            _finite_array(bad, "v")
+        assert str(err.value) == "v must be finite and within float32 range"
+
+
+def test_requests_that_differ_only_in_images_or_action_extra_get_different_prints() -> None:
+    def req(images: Any = None, action_extra: Any = None) -> RolloutStepRequest:
+        return RolloutStepRequest.model_validate(
+            {
+                "step_id": 0,
+                "observation": {"images": images},
+                "action": {"extra": action_extra or {}},
+            }
+        )
+
+    assert _fingerprint(req(images={"cam": "a"})) != _fingerprint(req(images={"cam": "b"}))
+    assert _fingerprint(req(action_extra={"k": 1})) != _fingerprint(req(action_extra={"k": 2}))
+    assert _json_safe({1: True}) == {"1": True}
