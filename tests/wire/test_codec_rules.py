@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 import threading
-from types import SimpleNamespace
+from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
 import msgpack
@@ -211,13 +211,19 @@ def test_decode_images_total_pixels_are_height_times_width_summed() -> None:
     )
 
 
-def test_a_jpeg_whose_body_is_cut_is_refused_after_its_header() -> None:
-    image = np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8)
+def test_a_cut_jpeg_body_is_refused_after_a_whole_header() -> None:
+    image = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
     jpeg = simplejpeg.encode_jpeg(image, quality=90)
-    cut = {b"__image__": True, b"format": "jpeg", b"data": jpeg[: len(jpeg) // 2]}
+    cut = jpeg[: len(jpeg) // 2]
+    assert simplejpeg.decode_jpeg_header(cut)[:2] == (64, 64)  # the header is whole: only the body fails
     with pytest.raises(WireError) as info:
-        decode_images({"top": cut}, LIMITS)
+        decode_images({"top": {b"__image__": True, b"format": "jpeg", b"data": cut}})
     assert (info.value.code, info.value.message) == (BAD_IMAGE, "not a decodable JPEG")
+
+
+def test_decode_images_takes_any_mapping() -> None:
+    image = np.zeros((2, 2, 3), np.uint8)
+    assert decode_images(MappingProxyType({"top": image}), LIMITS) == {"top": image}
 
 
 # -- typed messages: the header's fast path, lists, images as tensors -------------------------------
