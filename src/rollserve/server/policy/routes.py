@@ -11,7 +11,8 @@ decompress, a big msgpack part, or many small objects is decoded on a worker thr
 of server CPU for the hand-off, paid only by such frames). Each client address may hold
 ``max_connections_per_client`` connections, and a connection that sends nothing for
 ``policy_idle_timeout_s`` is closed. A connection whose frames keep being refused has its next
-frame read later each time (``server/penalty.py``); a good request resets that.
+frame read later each time, and handled in a lane it shares with every such connection
+(``server/penalty.py``); a good request resets that.
 """
 
 from __future__ import annotations
