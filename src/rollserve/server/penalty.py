@@ -34,12 +34,14 @@ LANE_WAIT_S = 1.0  # the longest a connection waits for the lane
 
 
 class RefusalStreak:
-    """One connection's count of refused inputs in a row."""
+    """One connection's count of refused inputs in a row, and (websockets) the loop time before
+    which its next message is not read."""
 
-    __slots__ = ("count",)
+    __slots__ = ("count", "until")
 
     def __init__(self) -> None:
         self.count = 0
+        self.until = 0.0
 
 
 class RefusalPenalty:
@@ -72,10 +74,26 @@ class RefusalPenalty:
         streak.count = 0
 
     async def hold(self, streak: RefusalStreak) -> None:
-        """Count a refusal and wait out its delay."""
+        """Count a refusal and wait out its delay now (HTTP: before the refusal is sent)."""
         delay = self.refused(streak)
         if delay > 0.0:
             await asyncio.sleep(delay)
+
+    def defer(self, streak: RefusalStreak) -> None:
+        """Count a refusal whose delay is served before the connection's next message is read
+        (websockets: the refusal itself goes out at once)."""
+        delay = self.refused(streak)
+        if delay > 0.0:
+            streak.until = asyncio.get_running_loop().time() + delay
+
+    @staticmethod
+    async def before_next_read(streak: RefusalStreak) -> None:
+        """Wait out what :meth:`defer` left, if anything."""
+        if streak.until:
+            left = streak.until - asyncio.get_running_loop().time()
+            streak.until = 0.0
+            if left > 0.0:
+                await asyncio.sleep(left)
 
 
 @contextlib.asynccontextmanager

@@ -37,6 +37,7 @@ from rollserve.engine.policy_errors import (
     PolicyError,
 )
 from rollserve.server.metrics import METRICS
+from rollserve.server.offload import JPEG_TAG, OFFLOAD_BYTES
 from rollserve.server.penalty import RefusalPenalty, RefusalStreak
 from rollserve.server.policy.connections import AddressLimiter, IdleWatch, client_address
 from rollserve.server.policy.openpi_layouts import LayoutError, describe_layout, to_observation
@@ -67,10 +68,9 @@ logger = logging.getLogger(__name__)
 
 SESSION_PATH = "/v1/policy/ws"
 OPENPI_PATH = "/"
-_OFFLOAD_BYTES = 64 * 1024  # msgpack parts larger than this are decoded off the event loop ...
-_INLINE_BYTES = 4 * 1024 * 1024  # ... unless below this and cheap: few maps and lists (see _decode)
+# msgpack parts above OFFLOAD_BYTES but below this are first tried on the loop (see _decode)
+_INLINE_BYTES = 4 * 1024 * 1024
 _INLINE_CONTAINERS = 2048  # a real observation has tens; a flood bails out after ~1 ms
-_JPEG_TAG = b"\xa4jpeg"  # the msgpack string "jpeg": an image map's format
 _DISCONNECT = "websocket.disconnect"
 # errors that are not the client's input at fault (or that a correct client meets in a race):
 # they never slow a connection down
@@ -78,21 +78,19 @@ _NOT_PENALISED = frozenset({INFERENCE_ERROR, UNAVAILABLE, STALE_EPOCH, UNKNOWN_S
 
 
 class _Refusals:
-    """A connection's refusal streak and the time before which its next frame is not read."""
+    """A websocket connection's refusal streak, judged by this protocol's error codes."""
 
-    __slots__ = ("penalty", "streak", "until")
+    __slots__ = ("penalty", "streak")
 
     def __init__(self, penalty: RefusalPenalty) -> None:
-        self.penalty, self.streak, self.until = penalty, RefusalStreak(), 0.0
+        self.penalty, self.streak = penalty, RefusalStreak()
 
     def judge(self, code: str | None, retryable: bool = False) -> None:
         """Record a reply: an accepted request (``code`` None) resets the streak."""
         if code is None:
             self.penalty.served(self.streak)
         elif code not in _NOT_PENALISED and not retryable:
-            delay = self.penalty.refused(self.streak)
-            if delay > 0.0:
-                self.until = asyncio.get_running_loop().time() + delay
+            self.penalty.defer(self.streak)
 
     def lane(self) -> Any:
         """Where to handle the next frame: the shared lane while this connection has a streak."""
@@ -100,11 +98,7 @@ class _Refusals:
 
     async def wait(self) -> None:
         """Before reading the next frame: wait out the delay of the last refusal, if any."""
-        if self.until:
-            left = self.until - asyncio.get_running_loop().time()
-            self.until = 0.0
-            if left > 0.0:
-                await asyncio.sleep(left)
+        await self.penalty.before_next_read(self.streak)
 
 
 def add_policy_routes(app: FastAPI, service: PolicyService, settings: ServerSettings) -> None:
@@ -159,8 +153,8 @@ async def _decode(decoder: Any, data: bytes, limits: WireLimits, *, images: bool
     """
     size = _msgpack_bytes(data)
     # (openpi observations never decode image maps, so only the session protocol looks for JPEGs)
-    if size <= _INLINE_BYTES and not (images and data.find(_JPEG_TAG, 0, size) >= 0):
-        if size <= _OFFLOAD_BYTES:
+    if size <= _INLINE_BYTES and not (images and data.find(JPEG_TAG, 0, size) >= 0):
+        if size <= OFFLOAD_BYTES:
             return decoder(data, limits)
         try:
             return decoder(data, _inline_limits(limits))

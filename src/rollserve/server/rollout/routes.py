@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
 
 from rollserve.server.metrics import METRICS
+from rollserve.server.offload import JPEG_TAG, OFFLOAD_BYTES
 from rollserve.server.penalty import RefusalPenalty, http_streak
 from rollserve.server.rollout.protocol import (
     BatchStepRequest,
@@ -52,8 +53,6 @@ MSGPACK = "application/msgpack"
 _MSGPACK_TYPES = (MSGPACK, "application/x-msgpack")
 _TOO_LARGE = frozenset({FRAME_TOO_LARGE, TOO_MANY_OBJECTS})
 _DRAIN_FACTOR = 4  # read (and drop) up to this many times the limit, so the client gets its 413
-_OFFLOAD_BYTES = 64 * 1024  # bodies above this are parsed and validated on a worker thread
-_JPEG_TAG = b"\xa4jpeg"  # the msgpack string "jpeg": an image map to decompress
 # what the client got wrong (a connection sending only these is slowed down); conflicts, expiry,
 # capacity and the server's own failures never count
 _CLIENT_FAULTS = frozenset(
@@ -137,7 +136,7 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
         parsed: Any = None
         try:
             data, media = await _read(request, limits, optional=body_optional)
-            if len(data) > _OFFLOAD_BYTES or (media in _MSGPACK_TYPES and _JPEG_TAG in data):
+            if len(data) > OFFLOAD_BYTES or (media in _MSGPACK_TYPES and JPEG_TAG in data):
                 parsed, body = await asyncio.to_thread(parse, data, media, body_model, route)
             else:
                 parsed, body = parse(data, media, body_model, route)
