@@ -362,8 +362,8 @@ async def test_world_that_needs_an_action_says_so() -> None:
         sid = await new_session(svc)
         resp = await svc.step(sid, RolloutStepRequest(step_id=0, observation=Observation(), action=Action()))
         assert resp.error is not None and resp.error.code == "invalid_request"
-        held = await svc.step(sid, step_req(0, state=[0.0] * 8))  # the state supplies joints + gripper
-        assert held.error is None
+        moved = await svc.step(sid, step_req(0))  # the same step with joints and gripper goes through
+        assert moved.error is None and moved.step_id == 0
     finally:
         svc.close()
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
 import types
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -1135,7 +1136,13 @@ async def test_crossed_batches_take_session_locks_in_one_order() -> None:
         svc.close()
 
 
-async def test_a_step_queued_behind_a_close_is_refused_with_the_final_counters() -> None:
+Release = Callable[[], Awaitable[Any]]
+
+
+@contextlib.asynccontextmanager
+async def close_queued_behind_a_step() -> AsyncIterator[tuple[RolloutService, str, Release]]:
+    """A session whose step 0 is held inside the world while its close waits behind it; yields the
+    service, the session and ``release``, which lets the step finish and returns both answers."""
     world = GatedWorld()
     svc = RolloutService(world, FAST)
     try:
@@ -1144,16 +1151,26 @@ async def test_a_step_queued_behind_a_close_is_refused_with_the_final_counters()
         running = asyncio.create_task(svc.step(sid, move(0)))
         await until(lambda: len(world.steps) == 1)
         closing = asyncio.create_task(svc.close_session(sid))
-        await asyncio.sleep(0.01)
-        queued = asyncio.create_task(svc.step(sid, move(1)))
-        await asyncio.sleep(0.01)
-        world.gate = None
-        gate.set()
-        done, closed, refused = await asyncio.wait_for(asyncio.gather(running, closing, queued), 5.0)
-        assert done.error is None and closed.committed_step_id == 0
-        assert error_of(refused) == ("session_closed", f"session {sid!r} is closed", 1, 0, 0, 1)
+        await asyncio.sleep(0.01)  # let the close reach the session's lock
+
+        async def release() -> Any:
+            await asyncio.sleep(0.01)  # let what the test queued reach the lock too
+            world.gate = None
+            gate.set()
+            return await asyncio.wait_for(asyncio.gather(running, closing), 5.0)
+
+        yield svc, sid, release
     finally:
         svc.close()
+
+
+async def test_a_step_queued_behind_a_close_is_refused_with_the_final_counters() -> None:
+    async with close_queued_behind_a_step() as (svc, sid, release):
+        queued = asyncio.create_task(svc.step(sid, move(1)))
+        done, closed = await release()
+        refused = await asyncio.wait_for(queued, 5.0)
+        assert done.error is None and closed.committed_step_id == 0
+        assert error_of(refused) == ("session_closed", f"session {sid!r} is closed", 1, 0, 0, 1)
 
 
 async def test_the_idle_clock_restarts_when_a_long_step_ends() -> None:
@@ -1346,21 +1363,10 @@ async def test_a_fork_of_a_rendering_session_renders_after_its_reset(service, wo
 
 
 async def test_a_reset_queued_behind_a_close_is_refused() -> None:
-    world = GatedWorld()
-    svc = RolloutService(world, FAST)
-    try:
-        sid = await create(svc)
-        gate = world.gate = threading.Event()
-        running = asyncio.create_task(svc.step(sid, move(0)))
-        await until(lambda: len(world.steps) == 1)
-        closing = asyncio.create_task(svc.close_session(sid))
-        await asyncio.sleep(0.01)
+    async with close_queued_behind_a_step() as (svc, sid, release):
         resetting = asyncio.create_task(svc.reset_session(sid))
         forking = asyncio.create_task(svc.fork_session(sid))
-        await asyncio.sleep(0.01)
-        world.gate = None
-        gate.set()
-        await asyncio.wait_for(asyncio.gather(running, closing), 5.0)
+        await release()
         for queued in (resetting, forking):
             with pytest.raises(RolloutError) as err:
                 await asyncio.wait_for(queued, 5.0)
@@ -1369,8 +1375,6 @@ async def test_a_reset_queued_behind_a_close_is_refused() -> None:
                 f"session {sid!r} is closed",
                 0,
             )
-    finally:
-        svc.close()
 
 
 async def test_a_reset_that_loses_to_a_close_elsewhere_is_refused(world) -> None:
