@@ -134,6 +134,19 @@ def test_an_oversized_batch_is_refused_before_its_items_are_validated(http: http
     assert "at most 256 items" in payload["error"]["message"]
 
 
+def test_an_oversized_msgpack_batch_is_counted_before_it_is_unpacked(http: httpx.Client) -> None:
+    # every item holds a Timestamp, which unpacking refuses: the count must answer first
+    items = [{"session_id": "x", "step_id": msgpack.Timestamp(1, 0)}] * 300
+    payload = _refused(
+        _post(http, "/v1/realtime/batch_step", msgpack.packb({"items": items}), as_msgpack=True),
+        "invalid_request",
+    )
+    assert payload["error"]["message"] == "batch_step takes at most 256 items"
+    fewer = msgpack.packb({"items": items[:256]})  # within the count: the decoder refuses it
+    payload = _refused(_post(http, "/v1/realtime/batch_step", fewer, as_msgpack=True), "invalid_request")
+    assert "timestamp" in payload["error"]["message"]
+
+
 def test_json_bodies_are_budgeted_before_parsing(http: httpx.Client) -> None:
     sid = _create(http)
     body = _step(0, [0.1] * 7, extra={"embodiment_name": [0] * 70_000})

@@ -29,6 +29,7 @@ from starlette.routing import Route, Router
 from rollserve.server.metrics import METRICS
 from rollserve.server.offload import JPEG_TAG, OFFLOAD_BYTES
 from rollserve.server.penalty import RefusalPenalty, http_streak
+from rollserve.server.rollout.batch_peek import declared_items
 from rollserve.server.rollout.protocol import (
     BatchStepRequest,
     CreateSessionRequest,
@@ -52,7 +53,6 @@ logger = logging.getLogger(__name__)
 MSGPACK = "application/msgpack"
 _MSGPACK_TYPES = (MSGPACK, "application/x-msgpack")
 _TOO_LARGE = frozenset({FRAME_TOO_LARGE, TOO_MANY_OBJECTS})
-_DRAIN_FACTOR = 4  # read (and drop) up to this many times the limit, so the client gets its 413
 # what the client got wrong (a connection sending only these is slowed down); conflicts, expiry,
 # capacity and the server's own failures never count
 _CLIENT_FAULTS = frozenset(
@@ -90,9 +90,8 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
         try:
             if route == "batch_step":
                 items = parsed.get("items")
-                if isinstance(items, list) and len(items) > service.max_batch_items:
-                    message = f"batch_step takes at most {service.max_batch_items} items"
-                    raise RolloutError("invalid_request", message)
+                if isinstance(items, list):
+                    _refuse_long_batch(items, service.max_batch_items)
             request = body_model.model_validate(parsed, context={"limits": limits})
             for step in _steps(request):
                 service.fingerprint(step)
@@ -136,6 +135,8 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
         parsed: Any = None
         try:
             data, media = await _read(request, limits, optional=body_optional)
+            if route == "batch_step" and media in _MSGPACK_TYPES:
+                _refuse_long_batch(data, service.max_batch_items)
             if len(data) > OFFLOAD_BYTES or (media in _MSGPACK_TYPES and JPEG_TAG in data):
                 parsed, body = await asyncio.to_thread(parse, data, media, body_model, route)
             else:
@@ -231,6 +232,14 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
     )
 
 
+def _refuse_long_batch(items: list[Any] | bytes, most: int) -> None:
+    """Refuse a batch of more than ``most`` items: a decoded list, or a msgpack body whose
+    declared count is read before anything is unpacked (``batch_peek``)."""
+    count = len(items) if isinstance(items, list) else declared_items(items)
+    if count is not None and count > most:
+        raise RolloutError("invalid_request", f"batch_step takes at most {most} items")
+
+
 class _Refused(Exception):
     """A body that parsed but was refused; keeps the parsed map so a step error can echo its step_id."""
 
@@ -258,16 +267,17 @@ async def _read(request: Request, limits: WireLimits, *, optional: bool) -> tupl
     """The raw body and its media type, read with the size cap (nothing parsed yet)."""
     limit = limits.max_frame_bytes
     declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit * _DRAIN_FACTOR):
+    # Refused as soon as it is known to be too large: uvicorn's parser then drops the rest of the
+    # body as it arrives (no copy, no wake-up of this task), and the client still reads its 413.
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
         raise RolloutError("payload_too_large", f"the body exceeds the limit of {limit} bytes")
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size <= limit:
-            chunks.append(chunk)
-        elif size > limit * _DRAIN_FACTOR:
+        if size > limit:
             break
+        chunks.append(chunk)
     if size > limit:
         raise RolloutError("payload_too_large", f"the body of {size}+ bytes exceeds the limit of {limit}")
     data = b"".join(chunks)
