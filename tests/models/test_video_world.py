@@ -116,3 +116,70 @@ def test_actions_far_outside_the_data_keep_the_rollout_finite(world: VideoWorld)
         (out,) = world.step_batch([WorldStep(state, rng.uniform(low, high).astype(np.float32))])
         state = out.state
         assert np.all(np.isfinite(out.observation)) and np.all(np.isfinite(out.vector))
+
+
+@pytest.mark.parametrize("batch", [1, 5, 32])
+def test_the_serving_forward_is_bit_identical_to_the_trained_step(world: VideoWorld, batch: int) -> None:
+    gen = torch.Generator().manual_seed(batch)
+    latent = torch.randn(batch, *world.config.latent_shape, generator=gen) * 3.0
+    state = torch.randn(batch, world.config.state_dim, generator=gen) * 0.5
+    action = torch.randn(batch, world.config.action_dim, generator=gen) * 0.5
+    with torch.inference_mode():
+        expected = world.net.step(latent, state, action)
+        got = world.net.infer_step(latent, state, action)
+    for want, have in zip(expected, got, strict=True):
+        assert torch.equal(want, have)
+
+
+def test_step_batch_equals_the_model_step_with_clipping_bounds_and_the_task_rule(world: VideoWorld) -> None:
+    """Every output field, computed here from ``net.step`` (the training path), exactly."""
+    states = [start(world, seed, render=seed % 2 == 0) for seed in range(4)]
+    high = np.asarray(world.spec.action_high, np.float32)
+    actions = [np.r_[s.vector[:7] + 0.05 * k, 0.3].astype(np.float32) for k, s in enumerate(states)]
+    actions[1] = high + 1.0  # clipped to the action box
+    actions[2] = list(map(float, actions[2]))  # a plain list converts like an array
+    outs = world.step_batch([WorldStep(s, a) for s, a in zip(states, actions, strict=True)])
+    low = np.asarray(world.spec.action_low, np.float32)
+    clipped = np.clip(np.array(actions, np.float32), low, high)
+    with torch.inference_mode():
+        z, v = world.net.step(
+            torch.as_tensor(np.stack([s.latent for s in states])),
+            torch.as_tensor(np.stack([s.vector for s in states])),
+            torch.as_tensor(clipped),
+        )
+        z = torch.nan_to_num(z).clamp(-50.0, 50.0)
+        v = torch.nan_to_num(v).clamp(-4.0, 4.0)
+        frames = world.net.decode(z[::2], v[::2]).numpy()
+    rule = world.config.rule
+    success = rule.success(v.numpy())
+    reward = rule.reward(v.numpy(), success)
+    for row, out in enumerate(outs):
+        np.testing.assert_array_equal(out.observation, z.numpy()[row][None])
+        np.testing.assert_array_equal(out.vector, v.numpy()[row])
+        np.testing.assert_array_equal(out.state.latent, z.numpy()[row])
+        assert not out.state.latent.flags.writeable and not out.state.vector.flags.writeable
+        assert out.state.latent.base is None  # its own copy, not a view keeping the batch alive
+        assert out.reward == float(reward[row]) and type(out.reward) is float
+        assert out.terminated is bool(success[row]) and out.info == {"success": bool(success[row])}
+        assert out.state.render is (row % 2 == 0)
+        if row % 2 == 0:
+            expected = (np.clip(frames[row // 2], 0, 1) * 255 + 0.5).astype(np.uint8).transpose(1, 2, 0)
+            np.testing.assert_array_equal(out.images[world.config.camera], expected)
+        else:
+            assert out.images is None
+
+
+def test_a_batch_checked_at_once_equals_one_checked_item_by_item(world: VideoWorld) -> None:
+    """A bad item sends the batch through the per-item checks; the good items' answers don't change."""
+    states = [start(world, seed, render=False) for seed in range(3)]
+    actions = [np.r_[s.vector[:7] + 0.1, 0.5].astype(np.float32) for s in states]
+    at_once = world.step_batch([WorldStep(s, a) for s, a in zip(states, actions, strict=True)])
+    bad = [WorldStep(states[0], None), WorldStep(states[1], np.zeros(7, np.float32))]
+    mixed = world.step_batch(
+        [bad[0], *(WorldStep(s, a) for s, a in zip(states, actions, strict=True)), bad[1]]
+    )
+    assert isinstance(mixed[0], ValueError) and isinstance(mixed[-1], ValueError)
+    for one, other in zip(at_once, mixed[1:-1], strict=True):
+        np.testing.assert_array_equal(one.observation, other.observation)
+        np.testing.assert_array_equal(one.vector, other.vector)
+        assert (one.reward, one.terminated, one.info) == (other.reward, other.terminated, other.info)
