@@ -768,3 +768,13 @@ async def test_a_wrong_number_of_results_fails_every_item_of_the_batch_with_the_
             await worker.submit(1)
     finally:
         worker.close()
+
+
+async def test_closed_says_whether_the_worker_still_accepts_work() -> None:
+    worker = BatchingWorker(_doubling, max_batch_size=4)
+    assert not worker.closed
+    assert (await asyncio.wait_for(worker.submit(2), WAIT)).value == 4
+    worker.close()
+    assert worker.closed
+    with pytest.raises(EngineClosed):
+        await worker.submit(3)

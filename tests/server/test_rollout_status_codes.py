@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
@@ -185,8 +186,39 @@ class Cases:
             ("engine_unavailable", "create"): lambda: self.stopped(
                 lambda: self.http.post("/v1/realtime/sessions", json={"model": "toy"})
             ),
+            ("engine_unavailable", "health"): lambda: self.engine_closed(lambda: self.http.get("/health")),
+            ("rollout_not_served", "create"): lambda: self.no_world(
+                lambda http: http.post("/v1/realtime/sessions", json={"model": "toy"})
+            ),
+            ("rollout_not_served", "step"): lambda: self.no_world(
+                lambda http: http.post("/v1/realtime/sessions/s1/step", json=step_body(0))
+            ),
+            ("rollout_not_served", "status"): lambda: self.no_world(
+                lambda http: http.get("/v1/realtime/sessions/s1/status")
+            ),
+            ("rollout_not_served", "batch_step"): lambda: self.no_world(
+                lambda http: http.post("/v1/realtime/batch_step", json={"items": []})
+            ),
             ("none", "health"): lambda: self.http.get("/health"),
         }
+
+    def no_world(self, send: Callable[[httpx.Client], httpx.Response]) -> httpx.Response:
+        """The request sent to a second server, with the same default mode, that serves no world."""
+        settings = ServerSettings(rollout_status_codes=self.service.settings.rollout_status_codes)
+        with (
+            serving(create_app(settings)) as running,
+            httpx.Client(base_url=running.http_url, headers=self.http.headers) as http,
+        ):
+            return send(http)
+
+    def engine_closed(self, send: Callable[[], httpx.Response]) -> httpx.Response:
+        """The engine as ``close()`` leaves it, seen by the health probe; the real one is put back."""
+        engine = self.service.engine
+        self.service.engine = SimpleNamespace(closed=True)
+        try:
+            return send()
+        finally:
+            self.service.engine = engine
 
     # -- faults injected into the live service, undone right after the request ----------------------
     def broken(self, method: str, send: Callable[[], httpx.Response]) -> httpx.Response:
@@ -269,7 +301,7 @@ def check_body(payload: dict, code: str, route: str, status: int, mode: str) -> 
         assert payload == {"status": "healthy"}
         return
     error = payload["error"]
-    if route == "step":  # the full step body in both modes
+    if route == "step" and code != "rollout_not_served":  # the full step body in both modes
         assert error["code"] == code
         assert error["committed_step_id"] == payload["model_metadata"]["committed_step_id"]
         return

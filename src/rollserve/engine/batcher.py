@@ -264,6 +264,11 @@ class BatchingWorker(Generic[Req, Res]):
         with self._cond:
             return len(self._pending)
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called: nothing is accepted any more (a health probe's 503)."""
+        return self._closed
+
     def close(self, timeout: float = 5.0) -> None:
         """Stop accepting work, fail what is still queued, and join the thread."""
         with self._cond:

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
+from starlette.requests import Request
 
 from rollserve.server.auth import ApiKeyMiddleware
 from rollserve.server.metrics import METRICS
@@ -57,9 +58,14 @@ def create_app(
         return "OK\n"
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        """vLLM-Omni's health probe: 200 ``{"status": "healthy"}`` while the server serves."""
-        return {"status": "healthy"}
+    async def health(request: Request) -> Response:
+        """vLLM-Omni's health probe: 200 ``{"status": "healthy"}`` while every engine runs; 503
+        ``engine_unavailable`` once one is closed (vLLM answers 503 when its engine is dead)."""
+        engines = [service.engine for service in (rollout,) if service is not None]
+        engines += [service.worker for service in (policy,) if service is not None]
+        if any(engine.closed for engine in engines):
+            return _rollout_error(request, settings, "engine_unavailable", "the engine is shut down")
+        return JSONResponse({"status": "healthy"})
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -88,9 +94,26 @@ def create_app(
 
         app.mount(ROUTE_PREFIX, build_rollout_router(rollout, settings))
         _document(app, rollout_openapi_routes(ROUTE_PREFIX))
+    else:  # vLLM-Omni answers every rollout route with 501 when the model serves no rollouts
+        from rollserve.server.rollout.routes import ROUTE_PREFIX
+
+        async def not_served(request: Request) -> Response:
+            message = "RL rollout serving is not available: this server serves no world"
+            return _rollout_error(request, settings, "rollout_not_served", message)
+
+        app.add_route(ROUTE_PREFIX + "/{path:path}", not_served, ["GET", "POST"], include_in_schema=False)
 
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     return app
+
+
+def _rollout_error(request: Request, settings: ServerSettings, code: str, message: str) -> Response:
+    """A non-step rollout error in the request's status-code mode (vLLM-Omni's or strict)."""
+    from rollserve.server.rollout.status_codes import MODE_HEADER, error_body, resolve_mode, status_for
+
+    mode = resolve_mode(request.headers.get(MODE_HEADER), settings.rollout_status_codes)
+    status = status_for(code, mode, step=False)
+    return JSONResponse(error_body(code, message, -1, status, mode), status_code=status)
 
 
 def _document(app: FastAPI, extra: list[APIRoute]) -> None:

@@ -13,7 +13,14 @@ import sys
 
 
 def choose_gl_backend() -> str:
-    """Set ``MUJOCO_GL`` (and the matching ``PYOPENGL_PLATFORM``) if unset; return the backend used."""
+    """Set ``MUJOCO_GL`` (and the matching ``PYOPENGL_PLATFORM``) if unset; return the backend used.
+
+    Also ``LP_NUM_THREADS=0`` unless set: Mesa's software rasteriser (llvmpipe, EGL without a GPU)
+    then renders in the calling thread. Its helper threads cost more than they save on frames this
+    small, most of all on a busy machine (a 64x64 frame: ~40 ms in-thread against ~110 ms with the
+    threads on the 2 shared cores, docs/performance.md). GPU drivers ignore it.
+    """
+    os.environ.setdefault("LP_NUM_THREADS", "0")
     chosen = os.environ.get("MUJOCO_GL")
     if chosen:
         return chosen

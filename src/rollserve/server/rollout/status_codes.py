@@ -5,7 +5,8 @@
 ``inference_error`` is a 200 with the error in the step body, an unknown model is a 400, and a
 non-step error has vLLM's error body (``{"error": {"message", "type", "param", "code": <status>}}``)
 plus FastAPI's ``{"detail": ...}``, so clients reading either find the message.
-``strict`` answers with rollserve's semantic codes (409, 422, 404, 415, 500).
+``strict`` answers with rollserve's semantic codes (409, 422, 404, 415, 500). A server that serves
+no world answers every rollout route with vLLM-Omni's 501 (strict: 404).
 
 A server picks its default (``rollserve serve --status-codes``); a request may pick for itself with
 the ``X-Rollserve-Status-Codes`` header. Everything rollserve adds stays in the body in both modes.
@@ -38,6 +39,7 @@ STRICT: dict[str, int] = {
     "internal_error": 500,
     "at_capacity": 503,
     "engine_unavailable": 503,
+    "rollout_not_served": 404,  # this server serves no world: the rollout routes do not exist
 }
 VLLM_OMNI: dict[str, int] = {
     **STRICT,
@@ -47,6 +49,7 @@ VLLM_OMNI: dict[str, int] = {
     "step_out_of_order": 400,
     "session_exists": 400,  # a conflict, like the step-id ones
     "unsupported_media_type": 400,  # FastAPI fails to validate a non-JSON body -> 400
+    "rollout_not_served": 501,  # no rollout serving for this model -> HTTPException(501)
 }
 IN_BAND_ON_STEP = frozenset({"inference_error"})
 """Codes a step answers with 200 in vLLM-Omni mode (its route maps only the others to a status)."""
