@@ -1,8 +1,10 @@
 """The per-item fast paths of a step (fingerprint, output checks, info copy) give exactly what the
-general paths give: equal requests equal prints, different requests different ones, the same values."""
+general paths give: equal requests equal prints, different requests different ones, the same values;
+a batch's answer is rendered to the bytes ``model_dump`` would give, on both wires."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -11,8 +13,17 @@ import msgpack
 import numpy as np
 import pytest
 import torch
+from starlette.responses import JSONResponse
+from test_rollout_service_rules import FAST, PinWorld, move
 
-from rollserve.server.rollout.protocol import BatchStepItem, RolloutStepRequest
+from rollserve.server.rollout.protocol import (
+    BatchStepItem,
+    BatchStepRequest,
+    CreateSessionRequest,
+    RenderRequest,
+    RolloutStepRequest,
+)
+from rollserve.server.rollout.routes import _render
 from rollserve.server.rollout.service import (
     RolloutService,
     _fingerprint,
@@ -123,3 +134,71 @@ def test_vectors_keep_their_values_whatever_their_type() -> None:
     assert _finite_array([1, 2], "ints").tolist() == [1.0, 2.0]
     assert _finite_array(np.array([[1.5], [2.5]], np.float32), "array").tolist() == [1.5, 2.5]
     assert _finite_array(JOINTS, "j").dtype == np.float64
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["json", "msgpack"])
+async def test_a_batch_renders_to_the_bytes_of_its_model_dump(raw: bool) -> None:
+    """Every kind of item a batch answers: a plain step, a rendering session's step (images, state),
+    a world-chosen action with uncertainty and info, a replay, refusals (order, closed, unknown,
+    repeated) and a world failure."""
+    world = PinWorld()
+    world.spec = dataclasses.replace(PinWorld.spec, acts=True)
+    service = RolloutService(world, FAST)
+    try:
+
+        async def create(seed: int, **kw: object) -> str:
+            req = CreateSessionRequest(model="pin", seed=seed, **kw)
+            return (await service.create_session(req)).session_id
+
+        plain, drawn, closed = await create(1), await create(2, render=RenderRequest()), await create(3)
+        acting = await create(5)
+        jpeg = await create(4, render=RenderRequest(cameras=["wrist"], jpeg_quality=90))
+        await service.close_session(closed)
+
+        def item(sid: str, step_id: int, dx: float = 1.0) -> BatchStepItem:
+            return BatchStepItem(session_id=sid, **move(step_id, dx).model_dump())
+
+        world.uncertainty, world.info = 0.5, {"success": False, "n": 3}
+        first = [item(plain, 0), item(drawn, 0), item(jpeg, 0), item(closed, 0), item("nobody", 0)]
+        second = [
+            item(plain, 0),  # a replay
+            item(drawn, 5),  # out of order
+            item(jpeg, 1),
+            item(jpeg, 2),  # repeated
+            BatchStepItem(session_id=acting, step_id=0, observation={}, action={}),  # the world acts
+        ]
+        world.chosen = [0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+        answers = [await service.batch_step(BatchStepRequest(items=first), raw_tensors=raw)]
+        answers.append(await service.batch_step(BatchStepRequest(items=second), raw_tensors=raw))
+        world.replace_output = "not a world output"
+        answers.append(await service.batch_step(BatchStepRequest(items=[item(drawn, 1)]), raw_tensors=raw))
+    finally:
+        service.close()
+    statuses = [[(r.status, r.error.code if r.error else None) for r in a.results] for a in answers]
+    assert statuses == [
+        [("ok", None)] * 3 + [("error", "session_closed"), ("error", "session_not_found")],
+        [
+            ("error", "step_already_committed"),
+            ("error", "step_out_of_order"),
+            ("ok", None),
+            ("error", "invalid_request"),
+            ("ok", None),
+        ],
+        [("error", "inference_error")],
+    ]
+    assert answers[1].results[0].replayed and "actions" in answers[1].results[4].next_observation
+    assert "images" in answers[0].results[1].next_observation
+    for answer in answers:
+        rendered = _render(answer, 207, raw)
+        assert rendered.status_code == 207
+        if raw:
+            assert rendered.media_type == "application/msgpack"
+            assert rendered.body == msgpack_codec_packb(answer.model_dump(mode="python"))
+        else:
+            assert rendered.body == JSONResponse(answer.model_dump(mode="json")).body
+
+
+def msgpack_codec_packb(value: object) -> bytes:
+    from rollserve.wire.codec import packb
+
+    return packb(value)

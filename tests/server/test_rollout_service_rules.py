@@ -1575,3 +1575,61 @@ def test_requests_that_differ_only_in_images_or_action_extra_get_different_print
     assert _fingerprint(req(images={"cam": "a"})) != _fingerprint(req(images={"cam": "b"}))
     assert _fingerprint(req(action_extra={"k": 1})) != _fingerprint(req(action_extra={"k": 2}))
     assert _json_safe({1: True}) == {"1": True}
+
+
+# -- answers built without validation: exactly what validating the same values gives ------------------
+async def test_every_answer_model_is_what_validation_gives(service, world) -> None:
+    """The service builds its answers without validating them again (``protocol.built``); each one
+    equals the model validation builds from the same values, written down here field by field."""
+    world.uncertainty = 0.125
+    a, b = await create(service, seed=1), await create(service, seed=2)
+    ok = await service.step(a, move(0, 2.0))
+    meta = ok.model_metadata
+    assert meta.model_dump().keys() == {
+        "latency_ms", "steps_generated", "context_length", "committed_step_id",
+        "session_memory_bytes", "uncertainty", "queue_wait_ms", "batch_size",
+    }  # fmt: skip
+    expected_meta = service_module.SessionMetadata(
+        latency_ms=meta.latency_ms,
+        steps_generated=1,
+        context_length=1,
+        committed_step_id=0,
+        uncertainty=0.125,
+        queue_wait_ms=meta.queue_wait_ms,
+        batch_size=1,
+    )
+    assert meta == expected_meta and meta.session_memory_bytes is None
+    expected = service_module.RolloutStepResponse(
+        step_id=0, next_observation=ok.next_observation, model_metadata=expected_meta
+    )
+    assert ok == expected and ok.model_dump(mode="json") == expected.model_dump(mode="json")
+    refused = await service.step(a, move(5))
+    error = service_module.ErrorObject(
+        code="step_out_of_order", message="expected step_id 1, got 5", step_id=5, committed_step_id=0
+    )
+    assert refused == service_module.RolloutStepResponse(
+        step_id=5,
+        model_metadata=service_module.SessionMetadata(
+            latency_ms=0.0, steps_generated=0, context_length=1, committed_step_id=0
+        ),
+        error=error,
+    )
+    items = [
+        BatchStepItem(session_id=a, **move(1).model_dump()),
+        BatchStepItem(session_id=b, **move(3).model_dump()),
+    ]
+    batch = await service.batch_step(BatchStepRequest(items=items))
+    validated = service_module.BatchStepResponse(
+        results=[
+            service_module.BatchStepResult(**r.model_dump(exclude={"session_id", "status"}), **extra)
+            for r, extra in zip(
+                batch.results,
+                [{"session_id": a, "status": "ok"}, {"session_id": b, "status": "error"}],
+                strict=True,
+            )
+        ]
+    )
+    assert batch == validated and batch.model_dump(mode="json") == validated.model_dump(mode="json")
+    assert [r.status for r in batch.results] == ["ok", "error"]
+    assert [r.replayed for r in batch.results] == [False, False]
+    assert batch.results[0].model_metadata.batch_size == 1

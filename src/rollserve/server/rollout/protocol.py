@@ -6,7 +6,7 @@ unchanged; everything rollserve adds is optional on requests and extra on respon
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
 from pydantic import (
@@ -24,6 +24,8 @@ from pydantic import (
 from rollserve.wire.errors import WireError
 from rollserve.wire.images import IMAGE_KEY, decode_images
 from rollserve.wire.limits import DEFAULT_LIMITS
+
+M = TypeVar("M", bound=BaseModel)
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -265,3 +267,16 @@ class VllmErrorResponse(BaseModel):
 
     detail: str
     error: VllmErrorInfo
+
+
+def built(cls: type[M], fields: dict[str, Any], private: dict[str, Any] | None = None) -> M:
+    """A model from values that already have their declared types, every field given in declaration
+    order: what validation would build, without the ~2-5 µs per model of checking and copying them
+    again (a 32-item ``batch_step`` builds ~100 models). ``model_construct`` would cost more than
+    validating, as it walks every field's default. Tests pin ``built(...) == cls(**fields)``."""
+    model = cls.__new__(cls)
+    object.__setattr__(model, "__dict__", fields)
+    object.__setattr__(model, "__pydantic_fields_set__", set(fields))
+    object.__setattr__(model, "__pydantic_extra__", None)
+    object.__setattr__(model, "__pydantic_private__", private)
+    return model

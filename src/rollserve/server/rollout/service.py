@@ -10,6 +10,7 @@ step gets its stored result back without running the model.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import hashlib
@@ -17,7 +18,6 @@ import json
 import logging
 import math
 import time
-from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -56,6 +56,7 @@ from rollserve.server.rollout.protocol import (
     RolloutStepResponse,
     SessionMetadata,
     SessionStatusResponse,
+    built,
 )
 from rollserve.server.rollout.store import (
     Commit,
@@ -146,7 +147,7 @@ def as_float32(value: Any) -> np.ndarray:
             if callable(getattr(value, method, None)):
                 value = getattr(value, method)()
     array = np.ascontiguousarray(value, dtype="<f4")
-    if not np.isfinite(array).all():
+    if np.count_nonzero(np.isfinite(array)) != array.size:  # ~1 µs less than .all() on small arrays
         raise ValueError("world output is not finite")
     return array
 
@@ -373,9 +374,12 @@ class RolloutService:
                 sessions[i] = await self.store.open(item.session_id)
             except RolloutError as exc:
                 answers[i] = self._refused(item.step_id, exc.code, exc.message, exc.committed_step_id, 0)
-        async with AsyncExitStack() as stack:
+        held: list[asyncio.Lock] = []
+        try:
             for i in sorted(sessions, key=lambda k: sessions[k].session_id):  # one global order: no deadlock
-                await stack.enter_async_context(sessions[i].lock)
+                lock = sessions[i].lock
+                await lock.acquire()
+                held.append(lock)
             planned: dict[int, _Planned] = {}
             for i, session in sessions.items():
                 plan = self._plan(session, items[i], started, raw_tensors)
@@ -388,6 +392,9 @@ class RolloutService:
                 self._touch(session)
             for (i, plan), outcome in zip(planned.items(), outcomes, strict=True):
                 answers[i] = await self._finish(sessions[i], items[i], plan, outcome, raw_tensors)
+        finally:
+            for lock in reversed(held):
+                lock.release()
         for i in repeated:  # answered last, so they report the session as this batch left it
             message = "a session may appear only once per batch_step"
             answers[i] = await self.refused_step(
@@ -396,10 +403,14 @@ class RolloutService:
         results = []
         for item, answer in zip(items, answers, strict=True):
             assert answer is not None
-            status = "ok" if answer.error is None else "error"
-            # the fields, not dict(answer): pydantic's iteration costs ~10 µs per item
-            results.append(BatchStepResult(session_id=item.session_id, status=status, **answer.__dict__))
-        return BatchStepResponse(results=results)
+            fields = answer.__dict__
+            fields = {
+                **fields,
+                "session_id": item.session_id,
+                "status": "ok" if fields["error"] is None else "error",
+            }
+            results.append(built(BatchStepResult, fields))
+        return built(BatchStepResponse, {"object": "batch_step", "results": results})
 
     @staticmethod
     def fingerprint(req: RolloutStepRequest) -> str:
@@ -523,20 +534,16 @@ class RolloutService:
                 message = "the session moved while the step ran; retry"  # a reset raced it
                 return self._refused(req.step_id, "step_out_of_order", message, *self._counters(session))
             committed, context = req.step_id, context + 1
-        meta = SessionMetadata(
-            latency_ms=round((time.perf_counter() - plan.started) * 1000.0, 3),
-            steps_generated=1,
-            context_length=context,
-            committed_step_id=committed,
-            uncertainty=record.uncertainty,
-            queue_wait_ms=round(outcome.queue_wait_s * 1000.0, 3),
-            batch_size=outcome.batch_size,
+        meta = _metadata(
+            round((time.perf_counter() - plan.started) * 1000.0, 3),
+            1,
+            context,
+            committed,
+            record.uncertainty,
+            round(outcome.queue_wait_s * 1000.0, 3),
+            outcome.batch_size,
         )
-        return RolloutStepResponse(
-            step_id=req.step_id,
-            next_observation=_next_observation(record, session.jpeg_quality, raw),
-            model_metadata=meta,
-        )
+        return _response(req.step_id, _next_observation(record, session.jpeg_quality, raw), meta, None)
 
     def _replay(self, session: RolloutSession, last: StepRecord, raw: bool) -> RolloutStepResponse:
         response = self._refused(
@@ -562,7 +569,7 @@ class RolloutService:
             )
         joints = np.zeros(7) if joints is None else joints
         gripper = np.zeros(1) if gripper is None else gripper
-        return np.concatenate([joints, gripper]).astype(np.float32)
+        return np.concatenate([joints, gripper], dtype=np.float32)
 
     def _chosen_action(self, action: Any) -> np.ndarray:
         """A world-chosen action as the ``[1, action_dim]`` float32 rows the response carries."""
@@ -670,13 +677,49 @@ class RolloutService:
 
     @staticmethod
     def _refused(step_id: int, code: str, message: str, committed: int, context: int) -> RolloutStepResponse:
-        return RolloutStepResponse(
-            step_id=step_id,
-            model_metadata=SessionMetadata(
-                latency_ms=0.0, steps_generated=0, context_length=context, committed_step_id=committed
-            ),
-            error=ErrorObject(code=code, message=message, step_id=step_id, committed_step_id=committed),
+        error = built(
+            ErrorObject,
+            {"code": code, "message": message, "step_id": step_id, "committed_step_id": committed},
         )
+        return _response(step_id, None, _metadata(0.0, 0, context, committed, None, None, None), error)
+
+
+def _metadata(
+    latency_ms: float,
+    steps_generated: int,
+    context: int,
+    committed: int,
+    uncertainty: float | None,
+    queue_wait_ms: float | None,
+    batch_size: int | None,
+) -> SessionMetadata:
+    """A step's metadata, built from values the service computed (already of their types)."""
+    return built(
+        SessionMetadata,
+        {
+            "latency_ms": latency_ms,
+            "steps_generated": steps_generated,
+            "context_length": context,
+            "committed_step_id": committed,
+            "session_memory_bytes": None,
+            "uncertainty": uncertainty,
+            "queue_wait_ms": queue_wait_ms,
+            "batch_size": batch_size,
+        },
+    )
+
+
+def _response(
+    step_id: int, observation: dict[str, Any] | None, meta: SessionMetadata, error: ErrorObject | None
+) -> RolloutStepResponse:
+    fields = {
+        "step_id": step_id,
+        "next_observation": observation,
+        "model_metadata": meta,
+        "error": error,
+        "replayed": False,
+    }
+    return built(RolloutStepResponse, fields)
 
 
 def _start_from(inputs: dict[str, Any]) -> WorldInit | None:
