@@ -6,11 +6,15 @@ seconds and reports, per batch: the wall time, the client's CPU, the server proc
 part of it spent on the server's event-loop thread (everything but the model, which runs on the
 engine thread). ``--src`` runs the server from other source trees (e.g. ``git archive`` of an
 older commit), rounds interleaved, so each change gets its own row measured under the same load.
+``--together`` runs every tree's server at once and alternates them batch by batch: on a machine
+whose load changes from one second to the next, that is the only fair split (the client is this
+tree's in every row, so only the server columns compare trees).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -65,6 +69,51 @@ def measure(world: str, src: str | None, sessions: int, seconds: float, frames: 
     }
 
 
+def measure_together(
+    world: str, trees: list[str | None], sessions: int, seconds: float, frames: bool
+) -> dict[str, dict[str, float]]:
+    """Every tree's server at once, one batch each in turn for ``seconds``: ms per batch per tree."""
+    from rollserve.models.worlds import load_world
+
+    spec = load_world(world).spec
+    render = {"cameras": [spec.cameras[0]], "height": 64, "width": 64} if frames else None
+    rng = np.random.default_rng(0)
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(running(start_rollserve(world=world, pythonpath=t))) for t in trees]
+        rollouts = []
+        for server in servers:
+            rollouts.append(Rollouts(f"http://127.0.0.1:{server.port}", spec.name, sessions, render))
+            stack.callback(rollouts[-1].close)
+        for r in rollouts:
+            for _ in range(3):  # warm-up, not counted
+                r.batch_step(random_actions(spec, sessions, rng))
+        pids = [server.process.pid for server in servers]
+        server0 = [_cpu_s(f"/proc/{pid}/stat") for pid in pids]
+        loop0 = [_cpu_s(f"/proc/{pid}/task/{pid}/stat") for pid in pids]
+        wall, client = [0.0] * len(trees), [0.0] * len(trees)
+        started, batches = time.perf_counter(), 0
+        while time.perf_counter() - started < seconds:
+            actions = random_actions(spec, sessions, rng)
+            for k, r in enumerate(rollouts):
+                w0, c0 = time.perf_counter(), time.process_time()
+                r.batch_step(actions)
+                wall[k] += time.perf_counter() - w0
+                client[k] += time.process_time() - c0
+            batches += 1
+        server_cpu = [_cpu_s(f"/proc/{pid}/stat") - s0 for pid, s0 in zip(pids, server0, strict=True)]
+        loop = [_cpu_s(f"/proc/{pid}/task/{pid}/stat") - l0 for pid, l0 in zip(pids, loop0, strict=True)]
+    per = 1000.0 / batches
+    return {
+        str(tree or "this tree"): {
+            "wall_ms": wall[k] * per,
+            "client_ms": client[k] * per,
+            "server_ms": server_cpu[k] * per,
+            "loop_ms": loop[k] * per,
+        }
+        for k, tree in enumerate(trees)
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="2 s per point, one round")
@@ -76,12 +125,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--src", action="append", default=[], help="a source tree's src/ to serve from (repeatable)"
     )
+    parser.add_argument(
+        "--together", action="store_true", help="all trees' servers at once, alternating batch by batch"
+    )
     args = parser.parse_args(argv)
     seconds = args.seconds or (2.0 if args.quick else 8.0)
     rounds = args.rounds or (1 if args.quick else 3)
     trees: list[str | None] = [*args.src] or [None]
     samples: dict[str, list[dict[str, float]]] = {str(t or "this tree"): [] for t in trees}
     for _ in range(rounds):  # interleaved, so background load hits every tree alike
+        if args.together:
+            for name, run in measure_together(args.world, trees, args.sessions, seconds, args.frames).items():
+                samples[name].append(run)
+            continue
         for tree in trees:
             samples[str(tree or "this tree")].append(
                 measure(args.world, tree, args.sessions, seconds, args.frames)
