@@ -8,13 +8,16 @@ engine thread). ``--src`` runs the server from other source trees (e.g. ``git ar
 older commit), rounds interleaved, so each change gets its own row measured under the same load.
 ``--together`` runs every tree's server at once and alternates them batch by batch: on a machine
 whose load changes from one second to the next, that is the only fair split (the client is this
-tree's in every row, so only the server columns compare trees).
+tree's in every row, so only the server columns compare trees). ``--client-src`` adds, in that
+mode, a row per client tree: that tree's ``RolloutClient`` (loaded from its file) driving its own
+sessions on the first server, so the client columns compare client code.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 import statistics
 import sys
@@ -69,28 +72,51 @@ def measure(world: str, src: str | None, sessions: int, seconds: float, frames: 
     }
 
 
+def _client_module(src: str) -> Any:
+    """``rollserve.client.rollout_client`` as another tree has it, under a name of its own."""
+    path = Path(src) / "rollserve" / "client" / "rollout_client.py"
+    name = f"rollout_client_{abs(hash(src))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
 def measure_together(
-    world: str, trees: list[str | None], sessions: int, seconds: float, frames: bool
+    world: str,
+    trees: list[str | None],
+    sessions: int,
+    seconds: float,
+    frames: bool,
+    client_trees: list[str] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """Every tree's server at once, one batch each in turn for ``seconds``: ms per batch per tree."""
+    """Every tree's server at once, one batch each in turn for ``seconds``: ms per batch per tree
+    (and per client tree: its client against the first server)."""
     from rollserve.models.worlds import load_world
 
     spec = load_world(world).spec
     render = {"cameras": [spec.cameras[0]], "height": 64, "width": 64} if frames else None
     rng = np.random.default_rng(0)
+    client_trees = client_trees or []
     with contextlib.ExitStack() as stack:
         servers = [stack.enter_context(running(start_rollserve(world=world, pythonpath=t))) for t in trees]
         rollouts = []
         for server in servers:
             rollouts.append(Rollouts(f"http://127.0.0.1:{server.port}", spec.name, sessions, render))
             stack.callback(rollouts[-1].close)
+        for src in client_trees:
+            url = f"http://127.0.0.1:{servers[0].port}"
+            rollouts.append(Rollouts(url, spec.name, sessions, render, client_module=_client_module(src)))
+            stack.callback(rollouts[-1].close)
         for r in rollouts:
             for _ in range(3):  # warm-up, not counted
                 r.batch_step(random_actions(spec, sessions, rng))
-        pids = [server.process.pid for server in servers]
+        pids = [server.process.pid for server in servers] + [servers[0].process.pid] * len(client_trees)
         server0 = [_cpu_s(f"/proc/{pid}/stat") for pid in pids]
         loop0 = [_cpu_s(f"/proc/{pid}/task/{pid}/stat") for pid in pids]
-        wall, client = [0.0] * len(trees), [0.0] * len(trees)
+        wall, client = [0.0] * len(rollouts), [0.0] * len(rollouts)
         started, batches = time.perf_counter(), 0
         while time.perf_counter() - started < seconds:
             actions = random_actions(spec, sessions, rng)
@@ -103,15 +129,15 @@ def measure_together(
         server_cpu = [_cpu_s(f"/proc/{pid}/stat") - s0 for pid, s0 in zip(pids, server0, strict=True)]
         loop = [_cpu_s(f"/proc/{pid}/task/{pid}/stat") - l0 for pid, l0 in zip(pids, loop0, strict=True)]
     per = 1000.0 / batches
-    return {
-        str(tree or "this tree"): {
-            "wall_ms": wall[k] * per,
-            "client_ms": client[k] * per,
-            "server_ms": server_cpu[k] * per,
-            "loop_ms": loop[k] * per,
-        }
-        for k, tree in enumerate(trees)
-    }
+    names = [str(tree or "this tree") for tree in trees] + [f"client {src}" for src in client_trees]
+    out = {}
+    for k, name in enumerate(names):
+        out[name] = {"wall_ms": wall[k] * per, "client_ms": client[k] * per}
+        if k < len(trees) and not (k == 0 and client_trees):  # client rows share the first server
+            out[name] |= {"server_ms": server_cpu[k] * per, "loop_ms": loop[k] * per}
+        else:
+            out[name] |= {"server_ms": float("nan"), "loop_ms": float("nan")}
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -128,14 +154,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--together", action="store_true", help="all trees' servers at once, alternating batch by batch"
     )
+    parser.add_argument(
+        "--client-src", action="append", default=[], help="with --together: a tree's client too (repeatable)"
+    )
     args = parser.parse_args(argv)
     seconds = args.seconds or (2.0 if args.quick else 8.0)
     rounds = args.rounds or (1 if args.quick else 3)
     trees: list[str | None] = [*args.src] or [None]
     samples: dict[str, list[dict[str, float]]] = {str(t or "this tree"): [] for t in trees}
+    samples |= {f"client {src}": [] for src in args.client_src}
     for _ in range(rounds):  # interleaved, so background load hits every tree alike
         if args.together:
-            for name, run in measure_together(args.world, trees, args.sessions, seconds, args.frames).items():
+            runs = measure_together(args.world, trees, args.sessions, seconds, args.frames, args.client_src)
+            for name, run in runs.items():
                 samples[name].append(run)
             continue
         for tree in trees:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit_json, print_table
 from loopback import running, start_rollserve
 
-from rollserve.client.rollout_client import RolloutClient, StepCall
+from rollserve.client.rollout_client import RolloutClient
 
 
 def random_actions(spec: Any, count: int, rng: np.random.Generator) -> np.ndarray:
@@ -74,15 +74,25 @@ def in_process(world: Any, sessions: int, steps: int, one_at_a_time: bool, frame
 class Rollouts:
     """N sessions on the served world, each with its own client (and connection)."""
 
-    def __init__(self, url: str, model: str, sessions: int, render: dict[str, Any] | None = None) -> None:
-        self.clients = [RolloutClient(url) for _ in range(sessions)]
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        sessions: int,
+        render: dict[str, Any] | None = None,
+        client_module: Any = None,
+    ) -> None:
+        """``client_module``: another tree's ``rollout_client`` module (an A/B of client code)."""
+        module = client_module or sys.modules[RolloutClient.__module__]
+        self.step_call = module.StepCall
+        self.clients = [module.RolloutClient(url) for _ in range(sessions)]
         self.ids = [
             client.create_session(model, seed=i, render=render)[0] for i, client in enumerate(self.clients)
         ]
         self.next_step = [0] * sessions
 
     def batch_step(self, actions: np.ndarray) -> None:
-        calls = [StepCall(sid, self.next_step[i], actions[i]) for i, sid in enumerate(self.ids)]
+        calls = [self.step_call(sid, self.next_step[i], actions[i]) for i, sid in enumerate(self.ids)]
         for result in self.clients[0].batch_step(calls):
             if isinstance(result, Exception):
                 raise result

@@ -99,6 +99,17 @@ def test_batch_step_cpu() -> None:
     assert tree["wall_ms"] > 0 and tree["server_ms"] >= tree["loop_ms"] >= 0 and tree["client_ms"] >= 0
 
 
+def test_batch_step_cpu_together_with_a_client_tree() -> None:
+    src = str(BENCHMARKS.parent / "src")
+    result = run_benchmark(
+        "bench_batch_step_cpu.py", "--world", "toy", "--sessions", "2", "--seconds", "0.3", "--rounds", "1",
+        "--together", "--src", src, "--client-src", src,
+    )  # fmt: skip
+    server, client = result["trees"][src], result["trees"][f"client {src}"]
+    assert server["wall_ms"] > 0 and client["wall_ms"] > 0 and client["client_ms"] >= 0
+    assert server["server_ms"] != server["server_ms"]  # NaN: the client row shared this server
+
+
 def test_run_all_writes_json_and_markdown(tmp_path: Path) -> None:
     command = [
         sys.executable,
