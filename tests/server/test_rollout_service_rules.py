@@ -1633,3 +1633,10 @@ async def test_every_answer_model_is_what_validation_gives(service, world) -> No
     assert [r.status for r in batch.results] == ["ok", "error"]
     assert [r.replayed for r in batch.results] == [False, False]
     assert batch.results[0].model_metadata.batch_size == 1
+
+
+def test_a_requests_print_is_computed_once_and_kept_on_it() -> None:
+    req = move(3)
+    first = RolloutService.fingerprint(req)
+    assert first == _fingerprint(move(3)) and req._fingerprint == first
+    assert RolloutService.fingerprint(req) is first  # the kept one, not computed again

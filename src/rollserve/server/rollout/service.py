@@ -415,10 +415,11 @@ class RolloutService:
     @staticmethod
     def fingerprint(req: RolloutStepRequest) -> str:
         """The request's content hash, computed once (routes do it off the loop for big bodies)."""
-        private = req.__pydantic_private__  # read directly: pydantic's __getattr__ costs ~2 µs
+        private = req.__pydantic_private__  # read directly: pydantic's __getattr__ costs 2-7 µs
         if private is None or private.get("_fingerprint") is None:
-            req._fingerprint = _fingerprint(req)
-            return req._fingerprint
+            fingerprint = _fingerprint(req)
+            req._fingerprint = fingerprint  # (setting is cheap; reading it back was not)
+            return fingerprint
         return private["_fingerprint"]
 
     def _touch(self, session: RolloutSession) -> None:
