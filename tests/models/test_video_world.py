@@ -18,7 +18,9 @@ from rollserve.models.video_world import (
     FORMAT,
     VideoState,
     VideoWorld,
+    decoded_to_images,
     default_checkpoint_dir,
+    frames_to_uint8,
     uint8_to_frames,
 )
 from rollserve.models.world import RenderSpec, WorldInit, WorldStep
@@ -183,3 +185,36 @@ def test_a_batch_checked_at_once_equals_one_checked_item_by_item(world: VideoWor
         np.testing.assert_array_equal(one.observation, other.observation)
         np.testing.assert_array_equal(one.vector, other.vector)
         assert (one.reward, one.terminated, one.info) == (other.reward, other.terminated, other.info)
+
+
+def test_images_from_the_decoder_in_torch_equal_the_numpy_conversion() -> None:
+    gen = torch.Generator().manual_seed(3)
+    decoded = torch.rand(5, 3, 64, 64, generator=gen) * 1.4 - 0.2  # values outside [0, 1] too
+    decoded[0, 0, 0, :4] = torch.tensor([0.0, 1.0, 0.5 / 255.0, 254.5 / 255.0])  # rounding edges
+    expected = frames_to_uint8(decoded.numpy().copy())
+    got = decoded_to_images(decoded)
+    assert got.dtype == np.uint8 and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("render", [(True, True, True), (False, True, False)])
+def test_frames_of_a_batch_equal_the_decoders_frames_of_the_rendering_rows(
+    world: VideoWorld, render: tuple[bool, ...]
+) -> None:
+    states = [start(world, seed, render=r) for seed, r in enumerate(render)]
+    actions = [np.r_[s.vector[:7] + 0.1, 0.5].astype(np.float32) for s in states]
+    outs = world.step_batch([WorldStep(s, a) for s, a in zip(states, actions, strict=True)])
+    rows = [i for i, r in enumerate(render) if r]
+    with torch.inference_mode():
+        z, v = world.net.step(
+            torch.as_tensor(np.stack([s.latent for s in states])),
+            torch.as_tensor(np.stack([s.vector for s in states])),
+            torch.as_tensor(
+                np.clip(np.array(actions), world.spec.action_low, world.spec.action_high).astype(np.float32)
+            ),
+        )
+        z, v = torch.nan_to_num(z).clamp(-50.0, 50.0), torch.nan_to_num(v).clamp(-4.0, 4.0)
+        drawn = frames_to_uint8(world.net.decode(z[rows], v[rows]).numpy())
+    for k, row in enumerate(rows):
+        np.testing.assert_array_equal(outs[row].images[world.config.camera], drawn[k])
+    assert all(outs[i].images is None for i, r in enumerate(render) if not r)

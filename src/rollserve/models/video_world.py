@@ -251,6 +251,13 @@ def frames_to_uint8(frames: np.ndarray) -> np.ndarray:
     )
 
 
+def decoded_to_images(decoded: torch.Tensor) -> np.ndarray:
+    """:func:`frames_to_uint8` for the decoder's fresh output tensor, computed in place in torch:
+    bit-identical (pinned by a test), ~0.5 ms less per 32 frames. ``decoded`` is overwritten."""
+    pixels = decoded.clamp_(0.0, 1.0).mul_(255.0).add_(0.5).to(torch.uint8)
+    return pixels.permute(0, 2, 3, 1).contiguous().numpy()
+
+
 def uint8_to_frames(images: np.ndarray) -> np.ndarray:
     """``(B, H, W, 3)`` uint8 RGB -> ``(B, 3, H, W)`` float32 in [0, 1]."""
     return np.ascontiguousarray(images.transpose(0, 3, 1, 2), dtype=np.float32) / 255.0
@@ -333,7 +340,7 @@ class VideoWorld:
         images = None
         if render:
             decoded = self.net.decode(latent, torch.as_tensor(vector[None], dtype=torch.float32))
-            images = {self.config.camera: frames_to_uint8(decoded.numpy())[0]}
+            images = {self.config.camera: decoded_to_images(decoded)[0]}
         return WorldOutput(state=state, observation=state.latent[None], vector=state.vector, images=images)
 
     # -- steps ----------------------------------------------------------------------------------------
@@ -419,8 +426,10 @@ class VideoWorld:
         s = s.nan_to_num_().clamp_(-STATE_BOUND, STATE_BOUND)
         frames = None
         rows = np.arange(len(latents)) if want_frames is None else np.flatnonzero(want_frames)
-        if len(rows):
-            decoded = frames_to_uint8(self.net.decode(z[rows], s[rows]).numpy())
+        if 0 < len(rows) == len(latents):  # every row renders: no gather, no scatter
+            frames = decoded_to_images(self.net.decode(z, s))
+        elif len(rows):
+            decoded = decoded_to_images(self.net.decode(z[rows], s[rows]))
             frames = np.zeros((len(latents), *decoded.shape[1:]), dtype=np.uint8)
             frames[rows] = decoded
         return z.contiguous().numpy(), s.numpy(), frames
