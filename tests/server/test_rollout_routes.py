@@ -143,6 +143,26 @@ def test_unknown_model_is_404_and_create_with_chosen_id_is_idempotent(http: http
     assert first.json()["session_id"] == again.json()["session_id"] == "routes-fixed"
 
 
+@pytest.mark.parametrize("extra", [{}, {"observation": {"extra": {"seed": 7}}}], ids=["plain", "with extra"])
+def test_a_step_resent_through_the_other_route_is_replayed(http: httpx.Client, extra: dict) -> None:
+    """A trainer that lost a batch reply may retry one item alone, or the other way round."""
+    sid = create(http)
+    step0, step1 = body(0) | extra, body(1) | extra
+    first = http.post("/v1/realtime/batch_step", json={"items": [{"session_id": sid, **step0}]})
+    assert first.json()["results"][0]["status"] == "ok"
+    again = http.post(url(sid, "step"), json=step0)
+    assert again.json()["replayed"] and again.json()["error"]["code"] == "step_already_committed"
+    assert again.json()["next_observation"] == first.json()["results"][0]["next_observation"]
+    alone = http.post(url(sid, "step"), json=step1)
+    assert alone.status_code == 200 and alone.json()["error"] is None
+    batched = http.post("/v1/realtime/batch_step", json={"items": [{"session_id": sid, **step1}]})
+    (result,) = batched.json()["results"]
+    assert result["replayed"] and result["next_observation"] == alone.json()["next_observation"]
+    other = body(1, 0.7) | extra  # same step id, other content: still a conflict, not a replay
+    refused = http.post(url(sid, "step"), json=other).json()
+    assert refused["error"]["code"] == "step_already_committed" and not refused["replayed"]
+
+
 def test_fork_and_batch_step(http: httpx.Client) -> None:
     sid = create(http, seed=4)
     http.post(url(sid, "step"), json=body(0, 0.3))

@@ -778,6 +778,9 @@ def _empty(action: Action) -> bool:
     return action.joint_positions is None and action.gripper_position is None
 
 
+_NOT_CONTENT = frozenset({"session_id"})  # where a step goes, not what it is
+
+
 def _fingerprint(req: RolloutStepRequest) -> str:
     """What identifies a request's content, so a duplicate can be told from a different step.
 
@@ -785,11 +788,13 @@ def _fingerprint(req: RolloutStepRequest) -> str:
     hashes the msgpack of its fields (exact for floats; a float and a list stay apart), ~10x cheaper
     than the JSON of the whole model; anything else hashes that JSON. A prefix keeps the two apart,
     and which one applies depends only on the content, so equal requests always get equal prints.
+    A batch item's ``session_id`` is left out: the print is only ever compared with the record of
+    that same session, so a step committed by ``batch_step`` and resent to ``/step`` (or the other
+    way round) is the duplicate it is, and gets its stored result back.
     """
     obs, action = req.observation, req.action
     if obs.images is None and not obs.extra and not action.extra:
         fields = (
-            req.__dict__.get("session_id"),  # a batch item's session is part of its content
             req.step_id,
             req.use_session_context,
             obs.state,
@@ -805,7 +810,7 @@ def _fingerprint(req: RolloutStepRequest) -> str:
             return [array.dtype.str, list(array.shape), hashlib.sha256(array.tobytes()).hexdigest()]
         return repr(value)
 
-    body = json.dumps(req.model_dump(), sort_keys=True, default=plain)
+    body = json.dumps(req.model_dump(exclude=_NOT_CONTENT), sort_keys=True, default=plain)
     return hashlib.sha256(body.encode()).hexdigest()
 
 
