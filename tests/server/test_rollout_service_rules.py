@@ -1511,6 +1511,10 @@ def test_every_field_of_a_plain_step_is_part_of_its_fingerprint() -> None:
     a = BatchStepItem.model_validate({**item, "session_id": "a"})
     b = BatchStepItem.model_validate({**item, "session_id": "b"})
     assert _fingerprint(a) == _fingerprint(b)  # where a step goes is not part of what it is
+    rich = {**item, "observation": {"extra": {"k": 1}}}  # the JSON print leaves it out as well
+    c = BatchStepItem.model_validate({**rich, "session_id": "a"})
+    d = BatchStepItem.model_validate({**rich, "session_id": "b"})
+    assert _fingerprint(c) == _fingerprint(d) == _fingerprint(RolloutStepRequest.model_validate(rich))
 
 
 def test_a_fingerprint_is_computed_once_per_request() -> None:
