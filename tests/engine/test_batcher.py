@@ -778,3 +778,14 @@ async def test_closed_says_whether_the_worker_still_accepts_work() -> None:
     assert worker.closed
     with pytest.raises(EngineClosed):
         await worker.submit(3)
+
+
+def test_a_group_settled_after_its_loop_closed_does_not_raise() -> None:
+    """The caller of ``submit_many`` may be gone (its loop closed) when the last outcome lands: the
+    engine thread must not fail on the wake-up nobody waits for."""
+    loop = asyncio.new_event_loop()
+    group = batcher_module._Group(2, loop)
+    loop.close()
+    group.settle(1, "second")
+    group.settle(0, "first")  # the last one: waking the closed loop raises inside, and is dropped
+    assert group.outcomes == ["first", "second"]
