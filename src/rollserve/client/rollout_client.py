@@ -24,6 +24,7 @@ from rollserve.wire.codec import packb, unpackb
 from rollserve.wire.errors import MALFORMED_FRAME, WireError
 from rollserve.wire.images import IMAGE_KEY, decode_any_image
 from rollserve.wire.msgpack_codec import FRAME_MAGIC
+from rollserve.wire.msgpack_codec import _refuse_ext as refuse_ext  # the wire's own refusal
 from rollserve.wire.tensors import NDARRAY_KEY, decode_array
 
 MSGPACK = "application/msgpack"
@@ -85,15 +86,11 @@ def unpack_reply(content: bytes) -> Any:
     if content[:4] == FRAME_MAGIC:
         return unpackb(content)
     try:
-        return msgpack.unpackb(content, raw=False, ext_hook=_refuse_ext)
+        return msgpack.unpackb(content, raw=False, ext_hook=refuse_ext)
     except WireError:
         raise
     except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as exc:
         raise WireError(MALFORMED_FRAME, f"not a valid msgpack reply ({type(exc).__name__})") from None
-
-
-def _refuse_ext(code: int, data: bytes) -> Any:
-    raise WireError(MALFORMED_FRAME, f"msgpack extension type {code} is not accepted")
 
 
 def _array(value: Any) -> Any:
