@@ -20,8 +20,11 @@ ends in minutes, and the JSON line reports the input rate the attackers achieved
 attackers spent (on one machine the attackers' own CPU competes with the healthy clients too).
 
 Meanwhile one healthy robot (session protocol, one request every ``--interval-ms``) and one healthy
-trainer (rollout steps at the same pace) measure their round trips, first with the server idle,
-then under attack. The one JSON line printed at the end: ``crashes`` (server exits, ``internal``
+trainer (rollout steps at the same pace) measure their round trips, first with the server idle
+(``--idle-seconds``: long enough, about 3,000 requests each at the defaults, for the idle p99 to
+settle; 10 s of it moved by 1.5x from run to run), then under attack, then idle again once the
+attack is over (``--recovery-seconds``: the server must be back to its idle p99, reported beside
+the others). The one JSON line printed at the end: ``crashes`` (server exits, ``internal``
 errors, healthy requests that failed), ``traceback_leaks`` (replies quoting code), RSS over the
 idle baseline (peak and at the end) against ``rss_bound_mb``, and each healthy client's p99 under
 attack against idle. Bounded in count and time (``--max-seconds``); 127.0.0.1 only.
@@ -517,7 +520,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default="rollserve.models.simple_policies:chunk_policy")
     parser.add_argument("--world", default="sim", help="sim (default), toy (fast), learned")
     parser.add_argument("--interval-ms", type=float, default=20.0, help="healthy clients' request period")
-    parser.add_argument("--idle-seconds", type=float, default=10.0, help="healthy baseline, server idle")
+    parser.add_argument("--idle-seconds", type=float, default=60.0, help="healthy baseline, server idle")
+    parser.add_argument(
+        "--recovery-seconds", type=float, default=20.0, help="healthy clients again, after the attack"
+    )
     parser.add_argument("--max-seconds", type=float, default=3600.0, help="stop the attack after this")
     parser.add_argument("--slowloris", type=int, default=200, help="connections holding half a header")
     parser.add_argument("--rss-bound-mb", type=float, default=600.0, help="allowed peak RSS over idle")
@@ -587,6 +593,9 @@ def main(argv: list[str] | None = None) -> int:
         attack_robot, attack_trainer = healthy.stop()
         attack_seconds = time.monotonic() - attack_started
         server_cpu = cpu_s(proc.pid) - server_cpu_started if proc.poll() is None else float("nan")
+        after_robot, after_trainer = (
+            healthy.run_for(args.recovery_seconds) if proc.poll() is None else ([], [])
+        )
         stats: list[dict[str, Any]] = []
         while True:
             try:
@@ -631,11 +640,17 @@ def main(argv: list[str] | None = None) -> int:
         "rss_end_over_baseline_mb": round(end_rss - baseline, 1),
         "rss_bound_mb": args.rss_bound_mb,
         "rss_ok": max(peak) - baseline <= args.rss_bound_mb,
-        "robot_p99_ms": {"idle": _p99(idle_robot), "attack": _p99(attack_robot)},
-        "trainer_p99_ms": {"idle": _p99(idle_trainer), "attack": _p99(attack_trainer)},
+        "robot_p99_ms": {"idle": _p99(idle_robot), "attack": _p99(attack_robot), "after": _p99(after_robot)},
+        "trainer_p99_ms": {
+            "idle": _p99(idle_trainer),
+            "attack": _p99(attack_trainer),
+            "after": _p99(after_trainer),
+        },
         "robot_p99_ratio": _ratio(attack_robot, idle_robot),
         "trainer_p99_ratio": _ratio(attack_trainer, idle_trainer),
         "healthy_requests": {"robot": len(attack_robot), "trainer": len(attack_trainer)},
+        "healthy_requests_idle": {"robot": len(idle_robot), "trainer": len(idle_trainer)},
+        "healthy_requests_after": {"robot": len(after_robot), "trainer": len(after_trainer)},
         "server_log_lines": log_lines,
         "attack_seconds": round(attack_seconds, 1),
         "server_cpu_s_during_attack": round(server_cpu, 1),
