@@ -21,7 +21,7 @@ attackers spent (on one machine the attackers' own CPU competes with the healthy
 
 Meanwhile one healthy robot (session protocol, one request every ``--interval-ms``) and one healthy
 trainer (rollout steps at the same pace) measure their round trips, first with the server idle
-(``--idle-seconds``: long enough, about 3,000 requests each at the defaults, for the idle p99 to
+(``--idle-seconds``: long enough, about 2,600 requests each at the defaults, for the idle p99 to
 settle; 10 s of it moved by 1.5x from run to run), then under attack, then idle again once the
 attack is over (``--recovery-seconds``: the server must be back to its idle p99, reported beside
 the others). The one JSON line printed at the end: ``crashes`` (server exits, ``internal``
