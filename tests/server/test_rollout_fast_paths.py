@@ -22,6 +22,7 @@ from rollserve.server.rollout.protocol import (
     CreateSessionRequest,
     RenderRequest,
     RolloutStepRequest,
+    RolloutStepResponse,
 )
 from rollserve.server.rollout.routes import _render
 from rollserve.server.rollout.service import (
@@ -138,7 +139,7 @@ def test_vectors_keep_their_values_whatever_their_type() -> None:
 
 
 @pytest.mark.parametrize("raw", [False, True], ids=["json", "msgpack"])
-async def test_a_batch_renders_to_the_bytes_of_its_model_dump(raw: bool) -> None:
+async def test_a_batch_and_a_step_render_to_the_bytes_of_their_model_dump(raw: bool) -> None:
     """Every kind of item a batch answers: a plain step, a rendering session's step (images, state),
     a world-chosen action with uncertainty and info, a replay, refusals (order, closed, unknown,
     repeated) and a world failure."""
@@ -189,7 +190,15 @@ async def test_a_batch_renders_to_the_bytes_of_its_model_dump(raw: bool) -> None
     ]
     assert answers[1].results[0].replayed and "actions" in answers[1].results[4].next_observation
     assert "images" in answers[0].results[1].next_observation
-    for answer in answers:
+    # each result also as the answer of a single step (what ``service.step`` builds, unvalidated)
+    steps = [
+        RolloutStepResponse.model_construct(
+            **{name: getattr(r, name) for name in RolloutStepResponse.model_fields}
+        )
+        for answer in answers
+        for r in answer.results
+    ]
+    for answer in [*answers, *steps]:
         rendered = _render(answer, 207, raw)
         assert rendered.status_code == 207
         if raw:

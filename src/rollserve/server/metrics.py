@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -47,6 +49,23 @@ class Metrics:
         self.active_sessions = Gauge(
             "rollserve_active_sessions", "Open sessions", ["kind"], registry=self.registry
         )
+        self._requests: dict[str, Any] = {}
+        self._errors: dict[tuple[str, str], Any] = {}
+
+    def count_request(self, route: str) -> None:
+        """One request on ``route``. The labelled counters are looked up once and kept: ``labels()``
+        takes a lock and checks its arguments on every call, a few µs per request on the loop."""
+        counter = self._requests.get(route)
+        if counter is None:
+            counter = self._requests[route] = self.requests.labels(route=route)
+        counter.inc()
+
+    def count_error(self, route: str, code: str) -> None:
+        """One error answer. Routes and codes are the server's own names, so the kept set is small."""
+        counter = self._errors.get((route, code))
+        if counter is None:
+            counter = self._errors[(route, code)] = self.errors.labels(route=route, code=code)
+        counter.inc()
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -60,7 +60,7 @@ class RefusalPenalty:
             return _STRAIGHT
         if self._lane is None:
             self._lane = asyncio.Semaphore(self.lanes)
-        return _in_lane(self._lane)
+        return _Lane(self._lane)
 
     def refused(self, streak: RefusalStreak) -> float:
         """Count one more refusal; returns how long to hold the connection (seconds)."""
@@ -96,17 +96,31 @@ class RefusalPenalty:
                 await asyncio.sleep(left)
 
 
-@contextlib.asynccontextmanager
-async def _in_lane(lane: asyncio.Semaphore) -> Any:
-    try:
-        await asyncio.wait_for(lane.acquire(), LANE_WAIT_S)
-    except TimeoutError:
-        yield  # waited long enough: go ahead outside the lane
-        return
-    try:
-        yield
-    finally:
-        lane.release()
+class _Lane:
+    """Holding the shared lane for one input. A free lane is taken at once (no task, no timer: a
+    flood of refused input passes here for every frame); a busy one is waited for up to
+    ``LANE_WAIT_S``, then the input goes ahead outside it."""
+
+    __slots__ = ("_held", "_semaphore")
+
+    def __init__(self, semaphore: asyncio.Semaphore) -> None:
+        self._semaphore, self._held = semaphore, False
+
+    async def __aenter__(self) -> None:
+        if self._semaphore.locked():
+            try:
+                async with asyncio.timeout(LANE_WAIT_S):
+                    await self._semaphore.acquire()
+            except TimeoutError:
+                return  # waited long enough: go ahead outside the lane
+        else:
+            await self._semaphore.acquire()  # free: returns without suspending
+        self._held = True
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._held:
+            self._held = False
+            self._semaphore.release()
 
 
 def http_streak(scope: dict[str, Any]) -> RefusalStreak | None:

@@ -122,7 +122,7 @@ async def _admitted(websocket: WebSocket, limiter: AddressLimiter, run: Any) -> 
     """Serve the connection unless its address already holds its share (then: 1013, try later)."""
     address = client_address(websocket)
     if not limiter.acquire(address):
-        METRICS.errors.labels(route="policy_ws", code=UNAVAILABLE).inc()
+        METRICS.count_error("policy_ws", UNAVAILABLE)
         await websocket.accept()
         message = f"{limiter.per_address} connections from one address is the limit"
         await websocket.send_text(f"{UNAVAILABLE}: {message}")
@@ -175,7 +175,6 @@ def _inline_limits(limits: WireLimits) -> WireLimits:
 _QUEUE_WAIT = METRICS.queue_wait.labels(kind="policy")
 _INFERENCE = METRICS.inference.labels(kind="policy")
 _BATCH_SIZE = METRICS.batch_size.labels(kind="policy")
-_REQUESTS = {route: METRICS.requests.labels(route=route) for route in ("policy_ws", "openpi")}
 
 
 def _observe_timings(reply: ActionChunkMsg) -> None:
@@ -265,7 +264,7 @@ class _SessionSocket:
 
     async def _observe(self, msg: ObservationMsg) -> None:
         seq_id = msg.header.seq_id
-        _REQUESTS[self.route].inc()
+        METRICS.count_request(self.route)
         if self.session is None:
             await self._error(UNKNOWN_SESSION, "open a session before sending observations", seq_id)
             return
@@ -298,7 +297,7 @@ class _SessionSocket:
     async def _error(
         self, code: str, message: str, seq_id: int | None = None, retryable: bool = False
     ) -> None:
-        METRICS.errors.labels(route=self.route, code=code).inc()
+        METRICS.count_error(self.route, code)
         self.refusals.judge(code, retryable)
         await self._send(
             encode_message(ErrorMsg(code=code, message=message, seq_id=seq_id, retryable=retryable))
@@ -383,7 +382,7 @@ class _OpenpiSocket:
                     await self._refuse(self.open_refusal)
                     return
             seq_id += 1
-            _REQUESTS[self.route].inc()
+            METRICS.count_request(self.route)
             async with self.refusals.lane():
                 reply = await self._answer(self.session, message.get("bytes"), seq_id)
             if reply is None:
@@ -424,6 +423,6 @@ class _OpenpiSocket:
         return await self.service.infer(session, header, obs)
 
     async def _error(self, code: str, message: str) -> None:
-        METRICS.errors.labels(route=self.route, code=code).inc()
+        METRICS.count_error(self.route, code)
         self.refusals.judge(code)
         await self.ws.send_text(f"{code}: {message}")
