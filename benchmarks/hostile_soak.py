@@ -11,7 +11,9 @@ interpreter:
   keys, oversized messages cut off while streaming, long client strings, ...);
 * a few connection-level attackers for the whole run: half-sent HTTP headers (slowloris).
 
-Each surface's attacker is closed-loop (send, wait for the answer, send the next) on
+The attackers start in their own processes and build their inputs first; all of them, and the
+healthy clients' attack window, then begin at one start line. Each surface's attacker is
+closed-loop (send, wait for the answer, send the next) on
 ``--attack-connections`` connections at once. The server answers a connection that keeps sending
 refused input more slowly each time (``--refusal-delay-ms``, up to 100 ms by default), so one
 connection gets at most about 10 refusals a second; the attack uses several so the full run still
@@ -251,6 +253,13 @@ def _in_threads(stats: dict[str, Any], connections: int, work: Any) -> None:
 _DEADLINE = [float("inf")]  # time.time() after which attackers stop (set in each attacker process)
 
 
+def _at_start_line(start: Any) -> None:
+    """Wait until every attacker has started and built its inputs (``start``: a barrier shared with
+    the soak), so all of them, and the healthy clients' attack window, begin together."""
+    if start is not None:
+        start.wait()
+
+
 def _my_share(
     inputs: list[tuple[str, Any, int]], count: int, share: int, of: int
 ) -> Iterator[tuple[str, Any]]:
@@ -315,19 +324,32 @@ def _openpi_metadata(ws: Any) -> Any:
     return ws.recv(timeout=30)
 
 
-def attack_session(base_ws: str, count: int, out: Any, connections: int = 1, deadline: float = 1e18) -> None:
+def attack_session(
+    base_ws: str, count: int, out: Any, connections: int = 1, deadline: float = 1e18, start: Any = None
+) -> None:
     _DEADLINE[0] = deadline
-    url = f"{base_ws}/v1/policy/ws"
-    _ws_attack("session_ws", url, session_inputs(), count, _open_session, out, connections)
+    url, inputs = f"{base_ws}/v1/policy/ws", session_inputs()
+    _at_start_line(start)
+    _ws_attack("session_ws", url, inputs, count, _open_session, out, connections)
 
 
-def attack_openpi(base_ws: str, count: int, out: Any, connections: int = 1, deadline: float = 1e18) -> None:
+def attack_openpi(
+    base_ws: str, count: int, out: Any, connections: int = 1, deadline: float = 1e18, start: Any = None
+) -> None:
     _DEADLINE[0] = deadline
-    _ws_attack("openpi_ws", f"{base_ws}/", openpi_inputs(), count, _openpi_metadata, out, connections)
+    inputs = openpi_inputs()
+    _at_start_line(start)
+    _ws_attack("openpi_ws", f"{base_ws}/", inputs, count, _openpi_metadata, out, connections)
 
 
 def attack_rest(
-    base_http: str, count: int, model: str, out: Any, connections: int = 1, deadline: float = 1e18
+    base_http: str,
+    count: int,
+    model: str,
+    out: Any,
+    connections: int = 1,
+    deadline: float = 1e18,
+    start: Any = None,
 ) -> None:
     _DEADLINE[0] = deadline
     stats: dict[str, Any] = {
@@ -340,6 +362,7 @@ def attack_rest(
         "classes": {},
     }
     inputs = rest_inputs()
+    _at_start_line(start)
 
     def connection(share: int, stats: dict[str, Any]) -> None:
         stats.update(sent=0, leaks=0, internal=0)
@@ -566,23 +589,28 @@ def main(argv: list[str] | None = None) -> int:
         slow_thread.start()
         context = mp.get_context("spawn")
         out: Any = context.Queue()
+        # the attackers' interpreters start and build their inputs (JPEG bombs, 8 MB frames: ~0.75 s of
+        # CPU each) before the start line, so the attack window measures the attack, not that
+        start = context.Barrier(4)
         ws_base, http_base = f"ws://127.0.0.1:{port}", f"http://127.0.0.1:{port}"
         n, stop_at = args.attack_connections, time.time() + args.max_seconds  # attackers stop sending then
         workers = {
             "session_ws": context.Process(
-                target=attack_session, args=(ws_base, args.per_surface, out, n, stop_at)
+                target=attack_session, args=(ws_base, args.per_surface, out, n, stop_at, start)
             ),
             "openpi_ws": context.Process(
-                target=attack_openpi, args=(ws_base, args.per_surface, out, n, stop_at)
+                target=attack_openpi, args=(ws_base, args.per_surface, out, n, stop_at, start)
             ),
             "rest": context.Process(
-                target=attack_rest, args=(http_base, args.per_surface, args.world, out, n, stop_at)
+                target=attack_rest, args=(http_base, args.per_surface, args.world, out, n, stop_at, start)
             ),
         }
-        attack_started, server_cpu_started = time.monotonic(), cpu_s(proc.pid)
-        healthy.start()
         for worker in workers.values():
             worker.start()
+        with contextlib.suppress(threading.BrokenBarrierError):  # an attacker that died is reported below
+            start.wait(timeout=120)
+        attack_started, server_cpu_started = time.monotonic(), cpu_s(proc.pid)
+        healthy.start()
         deadline = attack_started + args.max_seconds + 90.0  # in-flight inputs time out after 60 s
         for worker in workers.values():
             worker.join(max(1.0, deadline - time.monotonic()))
