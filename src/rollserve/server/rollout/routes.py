@@ -330,10 +330,9 @@ def _wants_msgpack(request: Request) -> bool:
 
 
 def _render(body: BaseModel, status: int, raw: bool) -> Response:
-    kind = type(body)
-    if kind is BatchStepResponse:
-        return _render_plain(_batch_body(body), status, raw)  # type: ignore[arg-type]
-    if kind is RolloutStepResponse:
+    if type(body) is BatchStepResponse:
+        return _render_plain(_batch_body(body), status, raw)
+    if type(body) is RolloutStepResponse:
         return _render_plain(_plain_result(body, _STEP_FIELDS), status, raw)
     if raw:
         return Response(packb(body.model_dump(mode="python")), status_code=status, media_type=MSGPACK)
