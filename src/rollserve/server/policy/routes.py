@@ -175,6 +175,7 @@ def _inline_limits(limits: WireLimits) -> WireLimits:
 _QUEUE_WAIT = METRICS.queue_wait.labels(kind="policy")
 _INFERENCE = METRICS.inference.labels(kind="policy")
 _BATCH_SIZE = METRICS.batch_size.labels(kind="policy")
+_ACTIVE_SESSIONS = METRICS.active_sessions.labels(kind="policy")
 
 
 def _observe_timings(reply: ActionChunkMsg) -> None:
@@ -245,7 +246,7 @@ class _SessionSocket:
     async def _open(self, msg: SessionOpen) -> None:
         self._drop_session()
         ack, self.session = self.service.open_session(msg)
-        METRICS.active_sessions.labels(kind="policy").set(len(self.service.sessions))
+        _ACTIVE_SESSIONS.set(len(self.service.sessions))
         if self.session is not None:  # a refused open (the server is full) is no fault of the client
             self.refusals.judge(None)
         await self._send(encode_message(ack))
@@ -292,7 +293,7 @@ class _SessionSocket:
         if self.session is not None:
             self.service.close_session(self.session)
             self.session = None
-            METRICS.active_sessions.labels(kind="policy").set(len(self.service.sessions))
+            _ACTIVE_SESSIONS.set(len(self.service.sessions))
 
     async def _error(
         self, code: str, message: str, seq_id: int | None = None, retryable: bool = False
@@ -343,7 +344,7 @@ class _OpenpiSocket:
             idle.stop()
             if self.session is not None:
                 self.service.close_session(self.session)
-                METRICS.active_sessions.labels(kind="policy").set(len(self.service.sessions))
+                _ACTIVE_SESSIONS.set(len(self.service.sessions))
 
     async def _refuse(self, reason: str) -> None:
         await self.ws.send_text(f"{UNAVAILABLE}: {reason}")
@@ -355,7 +356,7 @@ class _OpenpiSocket:
         )
         ack, session = self.service.open_session(request)
         if session is not None:
-            METRICS.active_sessions.labels(kind="policy").set(len(self.service.sessions))
+            _ACTIVE_SESSIONS.set(len(self.service.sessions))
         else:
             self.open_refusal = ack.reason
         return session

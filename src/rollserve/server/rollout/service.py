@@ -83,6 +83,12 @@ START_STATE_KEY = "observation/state"
 PASS_THROUGH_KEYS = frozenset({"seed", "embodiment_name"})
 VECTOR_KEYS = frozenset({JOINT_KEY, GRIPPER_KEY, START_STATE_KEY})
 _MESSAGE_LIMIT = 300
+# Metric children looked up once, not per step (each ``labels()`` call hashes and locks; a step
+# touched four of them), as the policy routes do.
+_QUEUE_WAIT = METRICS.queue_wait.labels(kind="world")
+_INFERENCE = METRICS.inference.labels(kind="world")
+_BATCH_SIZE = METRICS.batch_size.labels(kind="world")
+_ACTIVE_SESSIONS = METRICS.active_sessions.labels(kind="rollout")
 
 
 def fold_action_into_observation(
@@ -611,9 +617,9 @@ class RolloutService:
             return [exc] * len(calls)
         done = [o for o in outcomes if isinstance(o, Completed)]
         if done:
-            METRICS.queue_wait.labels(kind="world").observe(max(o.queue_wait_s for o in done))
-            METRICS.inference.labels(kind="world").observe(done[0].run_s)
-            METRICS.batch_size.labels(kind="world").observe(done[0].batch_size)
+            _QUEUE_WAIT.observe(max(o.queue_wait_s for o in done))
+            _INFERENCE.observe(done[0].run_s)
+            _BATCH_SIZE.observe(done[0].batch_size)
         return outcomes
 
     async def _initial(
@@ -670,7 +676,7 @@ class RolloutService:
         )
 
     async def _count_sessions(self) -> None:
-        METRICS.active_sessions.labels(kind="rollout").set(await self.store.count())
+        _ACTIVE_SESSIONS.set(await self.store.count())
 
     @staticmethod
     def _counters(session: RolloutSession) -> tuple[int, int]:
