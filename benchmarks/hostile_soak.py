@@ -19,7 +19,9 @@ refused input more slowly each time (``--refusal-delay-ms``, up to 100 ms by def
 connection gets at most about 10 refusals a second; the attack uses several so the full run still
 ends in minutes, and the JSON line reports the input rate the attackers achieved
 (``attack_inputs_per_s``, and per surface) next to the p99s, plus the CPU the server and the
-attackers spent (on one machine the attackers' own CPU competes with the healthy clients too).
+attackers spent (on one machine the attackers' own CPU competes with the healthy clients too;
+``--attacker-nice 10`` runs the attacker processes at a lower priority, closer to attackers on other
+machines: the input rate and the server's CPU per input are reported as before, to compare).
 
 Meanwhile one healthy robot (session protocol, one request every ``--interval-ms``) and one healthy
 trainer (rollout steps at the same pace) measure their round trips, first with the server idle
@@ -248,6 +250,7 @@ def _in_threads(stats: dict[str, Any], connections: int, work: Any) -> None:
     stats["seconds"] = round(time.monotonic() - started, 1)
     stats["inputs_per_s"] = round(stats["sent"] / max(stats["seconds"], 1e-9), 1)
     stats["cpu_s"] = round(time.process_time(), 1)  # this attacker process's own CPU, all threads
+    stats["nice"] = os.nice(0)  # the priority it ran at (--attacker-nice)
 
 
 _DEADLINE = [float("inf")]  # time.time() after which attackers stop (set in each attacker process)
@@ -556,6 +559,11 @@ def main(argv: list[str] | None = None) -> int:
         "the next; the server slows down connections that keep sending refused input)",
     )  # fmt: skip
     parser.add_argument(
+        "--attacker-nice", type=int, default=0, metavar="N",
+        help="run the attacker processes this much nicer than the soak (e.g. 10): on one machine their "
+        "own CPU competes with the server and the healthy clients, which a remote attacker's does not",
+    )  # fmt: skip
+    parser.add_argument(
         "--server-arg", action="append", default=[], metavar="FLAG=VALUE",
         help="extra 'rollserve serve' flag, e.g. --server-arg=--refusal-delay-ms=0 (repeatable)",
     )  # fmt: skip
@@ -607,6 +615,9 @@ def main(argv: list[str] | None = None) -> int:
         }
         for worker in workers.values():
             worker.start()
+            # before the attacker starts its threads (they inherit it): it builds its inputs first
+            niceness = min(19, os.getpriority(os.PRIO_PROCESS, 0) + args.attacker_nice)
+            os.setpriority(os.PRIO_PROCESS, worker.pid, niceness)
         with contextlib.suppress(threading.BrokenBarrierError):  # an attacker that died is reported below
             start.wait(timeout=120)
         attack_started, server_cpu_started = time.monotonic(), cpu_s(proc.pid)
@@ -655,6 +666,7 @@ def main(argv: list[str] | None = None) -> int:
         "per_surface": args.per_surface,
         "hostile_inputs_sent": sent,
         "attack_connections_per_surface": args.attack_connections,
+        "attacker_nice": args.attacker_nice,
         "attack_inputs_per_s": round(sent / attack_seconds, 1),
         "server_args": extra,
         "crashes": crashes,

@@ -19,7 +19,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 def test_short_soak_has_no_crash_no_leak_and_bounded_memory() -> None:
     args = ["--per-surface", "150", "--world", "toy", "--idle-seconds", "2", "--slowloris", "10"]
-    args += ["--recovery-seconds", "2"]
+    args += ["--recovery-seconds", "2", "--attacker-nice", "5"]
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / "hostile_soak.py"), *args, "--max-seconds", "150"],
         capture_output=True, text=True, timeout=300, env=dict(os.environ),
@@ -44,7 +44,9 @@ def test_short_soak_has_no_crash_no_leak_and_bounded_memory() -> None:
         "openpi_ws": soak.openpi_inputs(),
         "rest": soak.rest_inputs(),
     }
+    assert result["attacker_nice"] == 5
     for surface in result["surfaces"]:
+        assert surface["nice"] == min(19, os.nice(0) + 5), "each attacker ran at the asked priority"
         expected = {name for name, _, _ in classes[surface["surface"]]}
         assert set(surface["classes"]) == expected, surface["surface"]
         assert surface["sent"] >= 140
