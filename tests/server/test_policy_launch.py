@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import queue
 import re
 import subprocess
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:connect\\(\\) must be used:Depre
 SPEC = "rollserve.models.simple_policies:droid_policy"
 READY = re.compile(r"rollserve serving on http://127\.0\.0\.1:(\d+)")
 CAMERAS = ("exterior_image_1_left", "wrist_image_left")
+HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
 
 
 @contextmanager
@@ -162,6 +164,7 @@ def test_serve_without_flags_serves_the_built_in_policy_and_the_sim_world(tmp_pa
     flags = ("--max-rollout-sessions", "1", "--rollout-ttl-s", "300")  # the rollout limits are flags too
     with rollserve_serve(tmp_path, *flags, policy=None) as (port, line):
         assert "rollouts at" in line and "policy" in line
+        assert line.rstrip().endswith("uvloop event loop" if HAS_UVLOOP else "asyncio event loop")
         base = f"http://127.0.0.1:{port}"
         kinds = {model["kind"] for model in httpx.get(f"{base}/v1/models").json()["data"]}
         assert "policy" in kinds and len(kinds) == 2
@@ -172,3 +175,12 @@ def test_serve_without_flags_serves_the_built_in_policy_and_the_sim_world(tmp_pa
         with PolicyClient(f"ws://127.0.0.1:{port}/v1/policy/ws") as client:
             ack = client.open_session(state_dim=13, task="put the cube on the target")
             assert client.predict(np.zeros(13, np.float32)).chunk_robot.shape == (ack.chunk_size, 8)
+
+
+def test_serve_on_asyncios_own_loop(tmp_path: Path) -> None:
+    with rollserve_serve(tmp_path, "--loop", "asyncio") as (port, line):
+        assert line.rstrip().endswith("| asyncio event loop")
+        with PolicyClient(f"ws://127.0.0.1:{port}/v1/policy/ws") as client:
+            client.open_session(state_dim=8, camera_names=CAMERAS)
+            chunk = client.predict(np.zeros(8, np.float32), _images(), task="pick")
+            assert chunk.chunk_robot.shape == (10, 8)

@@ -15,6 +15,7 @@ from rollserve.models.simple_policies import echo_policy
 from rollserve.server.app import create_app
 from rollserve.server.policy.service import PolicyService
 from rollserve.server.running import RunningServer, serving
+from rollserve.server.settings import ServerSettings
 from rollserve.wire import packb, unpackb
 
 
@@ -26,8 +27,10 @@ def _libero_obs(value: float) -> dict[str, Any]:
 
 @pytest.fixture
 def server() -> Iterator[RunningServer]:
+    """On asyncio's own loop: ``pauses`` counts on its socket transports (uvloop's are C types; the
+    protocol's logic is the same on both loops)."""
     service = PolicyService(echo_policy())
-    with serving(create_app(policy=service)) as running:
+    with serving(create_app(ServerSettings(event_loop="asyncio"), policy=service)) as running:
         yield running
 
 

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from rollserve.server.policy.openpi_layouts import AUTO, LAYOUT_NAMES
-from rollserve.server.running import listening_socket
+from rollserve.server.running import EVENT_LOOPS, event_loop_name, listening_socket
 from rollserve.server.settings import ServerSettings
 from rollserve.wire.limits import WireLimits
 
@@ -111,6 +111,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--refused-lanes", type=int, default=1,
         help="inputs of connections with refusals in a row handled at once, per transport (websockets, "
         "REST); the others wait their turn; 0: no limit",
+    )  # fmt: skip
+    parser.add_argument(
+        "--loop", choices=EVENT_LOOPS, default="auto",
+        help="the event loop (auto: uvloop where it is installed, else asyncio's own)",
     )  # fmt: skip
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     scale = parser.add_argument_group(
@@ -229,6 +233,7 @@ def _describe(policy: Any, rollout: Any, settings: ServerSettings, url: str) -> 
         acts = " (acts by itself when a step has no action)" if rollout.world.spec.acts else ""
         parts.append(f"rollouts at /v1/realtime/sessions{acts}")
     parts.append("api key required" if settings.api_key else "no api key")
+    parts.append(f"{event_loop_name(settings.event_loop)} event loop")
     return " | ".join(parts)
 
 
@@ -260,7 +265,13 @@ def main(args: argparse.Namespace) -> int:
         refusal_delay_ms=args.refusal_delay_ms,
         refusal_delay_max_ms=args.refusal_delay_max_ms,
         refused_connection_lanes=args.refused_lanes,
+        event_loop=args.loop,
     )
+    try:
+        event_loop_name(settings.event_loop)  # a missing uvloop is a clear error, before loading
+    except ValueError as exc:
+        print(f"rollserve serve: error: {exc}", file=sys.stderr)
+        return 2
     if args.ray:
         from rollserve.scale.launch import serve_on_ray
 
