@@ -233,7 +233,7 @@ def _describe(policy: Any, rollout: Any, settings: ServerSettings, url: str) -> 
         acts = " (acts by itself when a step has no action)" if rollout.world.spec.acts else ""
         parts.append(f"rollouts at /v1/realtime/sessions{acts}")
     parts.append("api key required" if settings.api_key else "no api key")
-    parts.append(f"{event_loop_name(settings.event_loop)} event loop")
+    parts.append(f"{settings.event_loop} event loop")
     return " | ".join(parts)
 
 
@@ -243,6 +243,11 @@ def main(args: argparse.Namespace) -> int:
     )
     if not args.policy and not args.world:  # a newcomer's first command: serve both built-ins
         args.policy, args.world = DEFAULT_POLICY, DEFAULT_WORLD
+    try:
+        loop = event_loop_name(args.loop)  # resolved once; a missing uvloop is a clear error, before loading
+    except ValueError as exc:
+        print(f"rollserve serve: error: {exc}", file=sys.stderr)
+        return 2
     settings = ServerSettings(
         host=args.host,
         port=args.port,
@@ -265,13 +270,8 @@ def main(args: argparse.Namespace) -> int:
         refusal_delay_ms=args.refusal_delay_ms,
         refusal_delay_max_ms=args.refusal_delay_max_ms,
         refused_connection_lanes=args.refused_lanes,
-        event_loop=args.loop,
+        event_loop=loop,
     )
-    try:
-        event_loop_name(settings.event_loop)  # a missing uvloop is a clear error, before loading
-    except ValueError as exc:
-        print(f"rollserve serve: error: {exc}", file=sys.stderr)
-        return 2
     if args.ray:
         from rollserve.scale.launch import serve_on_ray
 
