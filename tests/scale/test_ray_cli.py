@@ -1,9 +1,11 @@
 """`rollserve serve --ray` without `--ray-address` starts its own local Ray, serves, and on Ctrl-C
-takes everything down again. Skipped where Ray is not installed."""
+takes everything down again; Serve's proxy closes idle keep-alive connections after `--keep-alive-s`
+(Ray's own default is 90 s). Skipped where Ray is not installed."""
 
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +28,7 @@ def test_serve_ray_starts_a_local_cluster_and_stops_cleanly() -> None:
     command = [
         sys.executable, "-c", "import sys; from rollserve.cli import main; sys.exit(main())",
         "serve", "--ray", "--replicas", "1", "--world", "toy", "--port", str(port), "--log-level", "warning",
+        "--keep-alive-s", "1",
     ]  # fmt: skip
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
@@ -42,6 +45,7 @@ def test_serve_ray_starts_a_local_cluster_and_stops_cleanly() -> None:
             sid, _ = client.create_session("toy", seed=0)
             client.step(sid, 0, np.zeros(8, np.float32))
             assert client.status(sid)["committed_step_id"] == 0
+        assert _closed_after_idle(port, seconds=4.0), "the proxy kept an idle keep-alive connection open"
         server.send_signal(signal.SIGINT)
         assert server.wait(120) == 0
     finally:
@@ -50,3 +54,20 @@ def test_serve_ray_starts_a_local_cluster_and_stops_cleanly() -> None:
             server.wait(30)
     with pytest.raises(httpx.TransportError):  # the port is free again: Serve's proxy is gone
         httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+
+
+def _closed_after_idle(port: int, seconds: float) -> bool:
+    """Whether the server closes a keep-alive connection that stays idle after one answered request."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            reply += sock.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+        sock.settimeout(seconds)
+        try:
+            while sock.recv(4096):  # the rest of the body, then the close (b"")
+                pass
+        except TimeoutError:
+            return False
+        return True

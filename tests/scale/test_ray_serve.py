@@ -214,6 +214,7 @@ def test_the_documented_serve_config_validates_and_builds() -> None:
 
     path = Path(__file__).parents[2] / "examples" / "serve_config.yaml"
     config = ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
+    assert config.http_options.keep_alive_timeout_s == 5  # rollserve's default, not Ray's 90 s
     (app,) = config.applications
     module, _, name = app.import_path.partition(":")
     application = getattr(importlib.import_module(module), name)(app.args)

@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any
 
-from rollserve.server.launch import policy_kwargs_of
+from rollserve.server.launch import add_arguments, policy_kwargs_of
 from rollserve.server.settings import ServerSettings
 
 
@@ -43,7 +43,33 @@ def app_args(args: argparse.Namespace, settings: ServerSettings) -> dict[str, An
     }
 
 
+# Flags Serve's proxy, not rollserve, answers for under --ray: its uvicorn owns the connections, so
+# rollserve's header deadline, connection cap and event-loop choice are not there to apply.
+PROXY_OWNED_FLAGS = {
+    "header_timeout_s": "--header-timeout-s",
+    "max_connections": "--max-connections",
+    "loop": "--loop",
+}
+
+
+def flags_without_effect(args: argparse.Namespace) -> list[str]:
+    """The proxy-owned flags given a value other than their default: refused, not silently ignored."""
+    defaults = argparse.ArgumentParser()
+    add_arguments(defaults)
+    return [
+        flag for dest, flag in PROXY_OWNED_FLAGS.items() if getattr(args, dest) != defaults.get_default(dest)
+    ]
+
+
 def serve_on_ray(args: argparse.Namespace, settings: ServerSettings) -> int:
+    ignored = flags_without_effect(args)
+    if ignored:
+        print(
+            f"rollserve serve: error: {', '.join(ignored)} cannot apply with --ray: Ray Serve's proxy owns "
+            "the HTTP connections (docs/scale-out.md, Limits)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         import ray
         from ray import serve
@@ -71,7 +97,9 @@ def serve_on_ray(args: argparse.Namespace, settings: ServerSettings) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        serve.start(http_options={"host": args.host, "port": port})
+        # the proxy's own idle keep-alive (Ray's default is 90 s); the other connection limits are Ray's
+        keep_alive = max(1, round(settings.keep_alive_timeout_s))
+        serve.start(http_options={"host": args.host, "port": port, "keep_alive_timeout_s": keep_alive})
         try:
             serve.run(application, name=APP_NAME, route_prefix="/", blocking=False)
         except RuntimeError as exc:  # Serve gave up on the replicas (a bad spec, no resources)
