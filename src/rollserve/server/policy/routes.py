@@ -203,7 +203,9 @@ class _SessionSocket:
 
     async def run(self) -> None:
         await self.ws.accept()
-        idle = IdleWatch(self.ws, self.settings.policy_idle_timeout_s, busy=lambda: bool(self._tasks))
+        self.idle = idle = IdleWatch(
+            self.ws, self.settings.policy_idle_timeout_s, busy=lambda: bool(self._tasks)
+        )
         try:
             while (message := await self.ws.receive())["type"] != _DISCONNECT:
                 idle.touch()
@@ -229,10 +231,13 @@ class _SessionSocket:
             await self._error(exc.code, exc.message)
             return
         if isinstance(msg, ObservationMsg):
+            # The session it was sent in, taken now: a task runs after the frames that followed
+            # this one, and a session opened by them must not answer it (the replaced one refuses).
+            session = self.session
             if self.service.worker.runs_inline_now():
-                await self._observe(msg)  # done on this loop at once: no task to create and schedule
+                await self._observe(msg, session)  # done on this loop at once: no task to schedule
             else:
-                self._spawn(self._observe(msg))
+                self._spawn(self._observe(msg, session))
         elif isinstance(msg, SessionOpen):
             await self._open(msg)
         elif isinstance(msg, ResetMsg):
@@ -263,14 +268,14 @@ class _SessionSocket:
         self.refusals.judge(None)
         await self._send(encode_message(ResetAck(header=msg.header, session_epoch=epoch)))
 
-    async def _observe(self, msg: ObservationMsg) -> None:
+    async def _observe(self, msg: ObservationMsg, session: PolicySession | None) -> None:
         seq_id = msg.header.seq_id
         METRICS.count_request(self.route)
-        if self.session is None:
+        if session is None:
             await self._error(UNKNOWN_SESSION, "open a session before sending observations", seq_id)
             return
         try:
-            reply = await self.service.infer(self.session, msg.header, msg)
+            reply = await self.service.infer(session, msg.header, msg)
         except Superseded:
             return  # reported in the session's next chunk (superseded_seq_ids)
         except (PolicyError, WireError) as exc:
@@ -280,6 +285,9 @@ class _SessionSocket:
             logger.exception("policy request %s failed", seq_id)
             await self._error(INFERENCE_ERROR, "internal server error", seq_id)
             return
+        if session is not self.session:  # closed or replaced while it ran: its chunk is no answer now
+            await self._error(UNKNOWN_SESSION, "the session was closed or replaced while this ran", seq_id)
+            return
         _observe_timings(reply)
         self.refusals.judge(None)
         await self._send(encode_message(reply))
@@ -287,7 +295,11 @@ class _SessionSocket:
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self.idle.touch()  # idle from the answer on, not from the request: a slow model is no idle client
 
     def _drop_session(self) -> None:
         if self.session is not None:
@@ -327,6 +339,7 @@ class _OpenpiSocket:
         self.refusals = _Refusals(penalty)
         self.session: PolicySession | None = None
         self.open_refusal = ""
+        self.answering = False  # a request is in flight: the connection is not idle
 
     async def run(self) -> None:
         """Metadata on connect; the session is opened with the first request, so a client that
@@ -336,7 +349,7 @@ class _OpenpiSocket:
             limit = self.service.sessions.max_sessions
             await self._refuse(f"server is at its limit of {limit} policy sessions")
             return
-        idle = IdleWatch(self.ws, self.settings.policy_idle_timeout_s)
+        idle = IdleWatch(self.ws, self.settings.policy_idle_timeout_s, busy=lambda: self.answering)
         try:
             await self.ws.send_bytes(packb(self.metadata()))
             await self._serve(idle)
@@ -384,8 +397,13 @@ class _OpenpiSocket:
                     return
             seq_id += 1
             METRICS.count_request(self.route)
-            async with self.refusals.lane():
-                reply = await self._answer(self.session, message.get("bytes"), seq_id)
+            self.answering = True
+            try:
+                async with self.refusals.lane():
+                    reply = await self._answer(self.session, message.get("bytes"), seq_id)
+            finally:
+                self.answering = False
+                idle.touch()  # idle from the answer on, not from the request: a slow model is no idle client
             if reply is None:
                 continue
             _observe_timings(reply)
