@@ -310,7 +310,8 @@ class RolloutClient:
         raise AssertionError("unreachable")
 
     def _send(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, dict[str, Any]]:
-        """One HTTP exchange; a 502/504 from a proxy counts as a transport failure.
+        """One HTTP exchange; a 502/504, or a 5xx without a typed error body, counts as a transport
+        failure (rollserve never answers 502/504; its other 5xx carry a typed body, in either mode).
 
         The request goes straight to the transport: these calls need no redirects, cookies or auth
         flows, and skipping ``httpx.Client``'s layers saves ~0.15 ms of client CPU per request.
@@ -355,9 +356,23 @@ class RolloutClient:
 
 
 def _typed_error(payload: Any) -> bool:
-    """Whether a body is rollserve's own error (a typed ``error.code``), not a proxy's page."""
+    """Whether a body is rollserve's own error, not a proxy's page: only a proxy's is retried.
+
+    Strict mode and step bodies put the typed code in ``error.code``; vLLM-Omni mode puts the HTTP
+    status there (a number) and the typed code in ``error.reason``. Either is the server's answer.
+    """
     error = payload.get("error") if isinstance(payload, dict) else None
-    return isinstance(error, dict) and isinstance(error.get("code"), str) and error["code"] != "http_error"
+    if not isinstance(error, dict):
+        return False
+    code = error.get("code")
+    if isinstance(code, str):
+        return code != "http_error"
+    return _is_status(code) and isinstance(error.get("reason"), str) and bool(error["reason"])
+
+
+def _is_status(value: Any) -> bool:
+    """An HTTP status as vLLM's error body carries it in ``error.code`` (an int, never a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _step_body(call: StepCall) -> dict[str, Any]:
@@ -403,7 +418,8 @@ def _error(status: int | None, payload: dict[str, Any]) -> RolloutRequestError:
     error = error if isinstance(error, dict) else {}
     code = error.get("code")
     if not isinstance(code, str):
-        code = error.get("reason") or f"http_{status}"
+        reason = error.get("reason")
+        code = reason if isinstance(reason, str) and reason else f"http_{status}"
     message = error.get("message") or payload.get("detail") or f"HTTP {status}"
     return RolloutRequestError(
         str(code), str(message), status=status, committed_step_id=error.get("committed_step_id")

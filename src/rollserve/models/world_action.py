@@ -4,10 +4,16 @@ DreamZero is a "world action model": it outputs actions next to the next video, 
 empty ``Action()`` succeeds. ``ActingWorld`` gives any served world that ability with any chunking
 policy (the reference flow policy, a policy factory, or the policy the same server serves).
 
-It stays functional. An ``ActingState`` holds the wrapped world's state, the observation the
+The policy sees the world's state vector: ``WorldOutput.vector`` when the world sends one next to
+another tensor (a rendering ``sim`` session's camera frame, the ``video`` world's latent), else the
+observation itself (``sim`` without frames, ``learned``, ``toy``). It never sees camera frames: a
+session renders only if its client asks, so frames would make the chosen action depend on a view
+option, and a rendering session must act exactly as a plain one from the same seed.
+
+It stays functional. An ``ActingState`` holds the wrapped world's state, the state vector the
 policy sees, and the actions still to execute from the last predicted chunk. When a step brings
 no action the world plays the next planned action, or, with none left, asks the policy for a chunk
-whose noise is seeded from the committed observation; so the chosen action depends only on the
+whose noise is seeded from the committed state vector; so the chosen action depends only on the
 committed state, and a retry, a replay, a fork or a second session from the same seed chooses the
 same one. A step with an action applies it and drops the plan (the client took over).
 """
@@ -30,28 +36,29 @@ DEFAULT_EXECUTE = 8  # actions played from each chunk before the policy is asked
 
 @dataclass(frozen=True)
 class ActingState:
-    """The wrapped world's state, the observation the policy sees, and the planned actions left."""
+    """The wrapped world's state, the state vector the policy sees, and the planned actions left."""
 
     inner: Any
-    observation: np.ndarray
+    observation: np.ndarray  # the world's state vector (see :func:`policy_state`), flat float32
     plan: np.ndarray  # (k, action_dim) robot-space actions, k may be 0
 
 
 class ActingWorld:
     """``world`` plus ``policy``: a step whose action is ``None`` gets the policy's action.
 
-    The policy must take the world's observation vector as its state and return actions in the
-    world's action layout; ``execute`` actions of each chunk are played before predicting again.
+    The policy must take the world's state vector (``spec.state_layout``) as its state and return
+    actions in the world's action layout; ``execute`` actions of each chunk are played before
+    predicting again. It gets no images, rendered or not (see the module docstring).
     Its processors must be pure functions (the reference policy's normalise and unnormalise).
     """
 
     def __init__(self, world: WorldModel, policy: Policy, *, execute: int = DEFAULT_EXECUTE) -> None:
         meta = policy.metadata
         spec = world.spec
-        if meta.state_dim != spec.observation_dim:
+        if meta.state_dim != len(spec.state_layout):
             raise ValueError(
                 f"policy {meta.name!r} takes a {meta.state_dim}-value state, but world {spec.name!r} "
-                f"observes {spec.observation_dim} values"
+                f"has a {len(spec.state_layout)}-value state vector"
             )
         if meta.action_dim != spec.action_dim:
             raise ValueError(
@@ -147,8 +154,14 @@ class ActingWorld:
     def _wrap(out: WorldOutput | BaseException, plan: np.ndarray) -> WorldOutput | BaseException:
         if isinstance(out, BaseException):
             return out
-        observation = _frozen(np.asarray(out.observation, dtype=np.float32).reshape(-1))
-        return replace(out, state=ActingState(out.state, observation, _frozen(plan)))
+        return replace(out, state=ActingState(out.state, policy_state(out), _frozen(plan)))
+
+
+def policy_state(out: WorldOutput) -> np.ndarray:
+    """The state vector the policy plans from: ``vector`` when the world sends one (its observation
+    is then a frame or a latent), else the observation, which is the state vector itself."""
+    state = out.vector if out.vector is not None else out.observation
+    return _frozen(np.asarray(state, dtype=np.float32).reshape(-1))
 
 
 def seed_of(observation: np.ndarray) -> int:
