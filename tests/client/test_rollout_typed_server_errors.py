@@ -159,3 +159,22 @@ def test_a_proxys_bare_5xx_is_still_retried(url: str, status: int) -> None:
             assert client.step(sid, 0, ACTION).committed_step_id == 0
         finally:
             client.close_session(sid)
+
+
+def test_a_dead_network_gives_up_after_one_round_of_retries() -> None:
+    """A lost step reply asks the session's status before resending; with the network gone, that
+    status call is retried ``max_retries`` times like any call, not ``max_retries`` times per retry."""
+    sent: list[str] = []
+
+    def dead(request: httpx.Request) -> httpx.Response:
+        sent.append(f"{request.method} {request.url.path}")
+        raise httpx.ConnectError("no route to host", request=request)
+
+    with (
+        RolloutClient(
+            "http://127.0.0.1:9", transport=httpx.MockTransport(dead), max_retries=2, backoff_s=0.0
+        ) as client,
+        pytest.raises(httpx.ConnectError),
+    ):
+        client.step("s1", 0, np.zeros(8, np.float32))
+    assert sent == ["POST /v1/realtime/sessions/s1/step"] + ["GET /v1/realtime/sessions/s1/status"] * 3

@@ -285,7 +285,7 @@ class RolloutClient:
     # -- plumbing ----------------------------------------------------------------------------------------
     def _check_still_retryable(self, session_id: str, step_id: int) -> None:
         """After a lost reply: the step is either committed (the resend replays it) or not yet (it runs)."""
-        committed = self._retrying(lambda: self.status(session_id))["committed_step_id"]
+        committed = self.status(session_id)["committed_step_id"]  # retried like every call, once
         if committed not in (step_id - 1, step_id):
             raise RolloutRequestError(
                 "step_conflict",
