@@ -77,3 +77,24 @@ def test_shipped_checkpoint_loads_through_the_spec_string() -> None:
     batch = policy.make_processors().pre({"state": np.zeros(meta.state_dim, np.float32)})
     chunk = policy.predict_action_chunk({**batch, "seed": 0})
     assert chunk.shape == (meta.chunk_size, 8) and np.isfinite(chunk).all()
+
+
+@pytest.mark.parametrize(
+    ("name", "values", "message"),
+    [
+        ("action_mean", [0.5], "action_mean must be 4 finite values, got shape (1,)"),
+        ("state_std", [1.0, 1.0], "state_std must be 3 finite values, got shape (2,)"),
+        ("state_mean", [0.0, float("nan"), 0.0], "state_mean must be 3 finite values"),
+        ("action_std", [1.0, 0.0, 1.0, 1.0], "action_std must be positive"),
+    ],
+)
+def test_a_checkpoint_with_wrong_normalization_is_refused(
+    tmp_path: Path, name: str, values: list[float], message: str
+) -> None:
+    """A short statistics list would broadcast over every dimension and serve wrong actions."""
+    save_flow_policy(small_policy(), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["normalization"][name] = values
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_flow_policy(tmp_path)

@@ -56,6 +56,7 @@ class FlowMatchingPolicy(SingleAsBatchOfOne):
         config = net.config
         if len(action_names) != config.action_dim:
             raise ValueError(f"{len(action_names)} action names for action_dim {config.action_dim}")
+        stats.check(config.state_dim, config.action_dim)
         self.device = torch.device(device)
         self.net = net.to(self.device).eval()
         self.stats = stats

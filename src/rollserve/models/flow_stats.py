@@ -56,6 +56,24 @@ class NormStats:
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name).tolist() for name in self.__dataclass_fields__}
 
+    def check(self, state_dim: int, action_dim: int) -> None:
+        """Raise ``ValueError`` unless every statistic has one finite value per dimension: numpy
+        would broadcast a short list over every dimension and serve wrong actions without a word."""
+        dims = {
+            "state_mean": state_dim,
+            "state_std": state_dim,
+            "action_mean": action_dim,
+            "action_std": action_dim,
+        }
+        for name, dim in dims.items():
+            values = getattr(self, name)
+            if values.shape != (dim,) or not np.isfinite(values).all():
+                raise ValueError(
+                    f"normalization {name} must be {dim} finite values, got shape {values.shape}"
+                )
+            if name.endswith("_std") and not (values > 0).all():
+                raise ValueError(f"normalization {name} must be positive")
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> NormStats:
         return cls(**{name: np.asarray(data[name], dtype=np.float32) for name in cls.__dataclass_fields__})

@@ -109,6 +109,23 @@ class LearnedWorldConfig:
         return cls(**data)
 
 
+def check_task_config(cfg: Any) -> None:
+    """Raise ``ValueError`` unless a world checkpoint's task fits its layouts: numpy would broadcast
+    a one-value action bound over every action, and a short home pose starts every session with a
+    state shorter than its layout, both without a word."""
+    if cfg.start is None or cfg.rule is None:
+        raise ValueError("checkpoint lacks the task's start distribution or rule")
+    for name in ("action_low", "action_high"):
+        bound = getattr(cfg, name)
+        if bound and len(bound) != len(cfg.action_names):
+            raise ValueError(f"{name} has {len(bound)} values for {len(cfg.action_names)} actions")
+    start = cfg.start.sample(0)
+    if start.shape != (len(cfg.state_names),):
+        raise ValueError(
+            f"the start distribution gives {start.size} values for {len(cfg.state_names)} states"
+        )
+
+
 class EnsembleMLP(nn.Module):
     """``ensemble`` independent MLPs evaluated together: input ``(E, B, in)`` -> ``(E, B, out)``."""
 
@@ -179,8 +196,7 @@ class LearnedWorld:
     def __init__(self, net: WorldNet, name: str = "learned") -> None:
         self.net = net.eval()
         cfg = net.config
-        if cfg.start is None or cfg.rule is None:
-            raise ValueError("checkpoint lacks the task's start distribution or rule")
+        check_task_config(cfg)
         self.config = cfg
         self.spec = WorldSpec(
             name=name,

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rollserve.models.learned_world import StartDistribution, TaskRule
+from rollserve.models.learned_world import StartDistribution, TaskRule, check_task_config
 from rollserve.models.net_checkpoint import load_net_weights, read_net_config, save_net
 from rollserve.models.world import (
     DROID_ACTION_NAMES,
@@ -236,8 +236,7 @@ class VideoWorld:
         # ~1e-6; outputs are made C-contiguous again before they leave the world)
         self.net = net.eval().to(memory_format=torch.channels_last)
         cfg = net.config
-        if cfg.start is None or cfg.rule is None:
-            raise ValueError("checkpoint lacks the task's start distribution or rule")
+        check_task_config(cfg)
         self.config = cfg
         self.spec = WorldSpec(
             name=name,
