@@ -7,7 +7,14 @@ import asyncio
 import numpy as np
 import pytest
 
-from rollserve.server.rollout.store import Commit, RolloutError, RolloutSession, RolloutStore
+from rollserve.server.rollout.store import (
+    Commit,
+    Frames,
+    RolloutError,
+    RolloutSession,
+    RolloutStore,
+    StepRecord,
+)
 
 
 class Clock:
@@ -215,3 +222,36 @@ def test_a_lookup_between_sweeps_still_expires_an_idle_session() -> None:
         store.get("a")
     assert (err.value.code, err.value.committed_step_id) == ("session_expired", 1)
     assert len(store) == 0 and a.closed_reason == "expired" and a.state is None
+
+
+def held_bytes(s: RolloutSession) -> int:
+    """Bytes of the distinct arrays a session references through its observation, frames and last."""
+    last = s.last
+    arrays = [s.observation, last and last.observation]
+    for frames in (s.frames, last and last.frames):
+        if frames is not None:
+            arrays += [frames.vector, *(frames.images or {}).values()]
+    return sum(a.nbytes for a in {id(a): a for a in arrays if isinstance(a, np.ndarray)}.values())
+
+
+def test_a_tombstone_keeps_only_what_status_needs() -> None:
+    clock = Clock()
+    store = RolloutStore(capacity=4, idle_ttl_s=10.0, clock=clock)
+    images = {"front": np.zeros((64, 64, 3), np.uint8), "wrist": np.zeros((64, 64, 3), np.uint8)}
+    frames = Frames(vector=np.zeros(13, np.float32), images=images)
+    last = StepRecord(3, "print", np.zeros(1024, np.float32), 0.0, False, None, {}, frames=frames)
+    for sid in ("closed", "expired"):
+        s = session(store, sid)
+        s.observation, s.frames, s.last, s.render = np.zeros(1024, np.float32), frames, last, "spec"
+        s.committed_step_id, s.context_length, s.forked_from = 3, 4, "parent"
+        assert held_bytes(s) == 4096 + 4096 + 13 * 4 + 2 * 64 * 64 * 3  # 32,820 bytes
+    store.close("closed")
+    clock.now = 10.5
+    store.sweep(force=True)
+    for sid, reason in (("closed", "closed"), ("expired", "expired")):
+        tomb = store.get(sid, include_closed=True)
+        kept = (tomb.session_id, tomb.model, tomb.committed_step_id, tomb.context_length, tomb.closed_reason)
+        assert kept == (sid, "toy", 3, 4, reason)
+        assert held_bytes(tomb) == 0
+        freed = (tomb.state, tomb.root, tomb.observation, tomb.frames, tomb.last, tomb.seeds, tomb.render)
+        assert freed == (None,) * 7

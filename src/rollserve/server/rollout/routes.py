@@ -168,7 +168,10 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
             step_id = step_id if isinstance(step_id, int) and not isinstance(step_id, bool) else -1
             refused = await service.refused_step(session_id, step_id, error.code, error.message)
             return error.code, _render(refused, status, raw)
-        body = error_body(error.code, error.message, error.committed_step_id, status, mode)
+        committed = error.committed_step_id
+        if session_id is not None:
+            committed = await _committed_step_id(service, session_id, committed)
+        body = error_body(error.code, error.message, committed, status, mode)
         return error.code, _render_plain(body, status, raw)
 
     async def create_session(request: Request) -> Response:
@@ -193,19 +196,30 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
             "reset",
             ResetSessionRequest,
             lambda b, raw: service.reset_session(session_id, b, raw_tensors=raw),
+            session_id=session_id,
             body_optional=True,
         )
 
     async def close(request: Request) -> Response:
         session_id = request.path_params["session_id"]
         return await serve(
-            request, "close", _NoBody, lambda b, raw: service.close_session(session_id), body_optional=True
+            request,
+            "close",
+            _NoBody,
+            lambda b, raw: service.close_session(session_id),
+            session_id=session_id,
+            body_optional=True,
         )
 
     async def status(request: Request) -> Response:
         session_id = request.path_params["session_id"]
         return await serve(
-            request, "status", _NoBody, lambda b, raw: service.get_status(session_id), body_optional=True
+            request,
+            "status",
+            _NoBody,
+            lambda b, raw: service.get_status(session_id),
+            session_id=session_id,
+            body_optional=True,
         )
 
     async def fork(request: Request) -> Response:
@@ -215,6 +229,7 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
             "fork",
             ForkSessionRequest,
             lambda b, raw: service.fork_session(session_id, b, raw_tensors=raw),
+            session_id=session_id,
             body_optional=True,
         )
 
@@ -234,6 +249,17 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
             Route("/batch_step", batch_step, methods=["POST"]),
         ]
     )
+
+
+async def _committed_step_id(service: RolloutService, session_id: str, known: int) -> int:
+    """The session's real ``committed_step_id`` for a non-step error body (``known`` when the
+    session does not exist, or when the store cannot even be asked: the error stays typed)."""
+    try:
+        committed = await service.committed_step_id(session_id)
+    except Exception:
+        logger.exception("looking up session %s for an error body failed", session_id)
+        return known
+    return known if committed is None else committed
 
 
 def _refuse_long_batch(items: list[Any] | bytes, most: int) -> None:

@@ -256,41 +256,65 @@ class RolloutService:
             if exc.code == "session_exists" and (existing := await self._same_session(sid, None)):
                 return self._created(existing, raw_tensors)
             raise
+        answer = self._created(session, raw_tensors)  # before an await lets a close free the session
         await self._count_sessions()
-        return self._created(session, raw_tensors)
+        return answer
 
     async def fork_session(
         self, session_id: str, req: ForkSessionRequest | None = None, *, raw_tensors: bool = False
     ) -> CreateSessionResponse:
-        """A new session holding ``session_id``'s committed state, counters and stored last result."""
+        """A new session holding ``session_id``'s committed state, counters and stored last result.
+
+        Idempotent like a create: a retry with the same client-chosen id gets the fork its first try
+        made, also when that try finished while the retry waited for the source's lock (or on another
+        replica). A refused fork changes nothing in the source, not even its seed sequence."""
         req = req or ForkSessionRequest()
+        if made := await self._fork_made(req.session_id, session_id):
+            return self._created(made, raw_tensors)
         source = await self.store.open(session_id)
-        if req.session_id is not None and (existing := await self._same_session(req.session_id, session_id)):
-            return self._created(existing, raw_tensors)
         async with source.lock:
+            if made := await self._fork_made(req.session_id, session_id):  # the first try won the lock
+                return self._created(made, raw_tensors)
             if source.closed:
                 raise closed_error(source)
-            seeds = np.random.default_rng(source.seeds.integers(2**63))
-            fork = RolloutSession(
-                session_id=await self.store.claim(req.session_id),
-                model=source.model,
-                mode=source.mode,
-                created_at=time.time(),
-                state=source.state,
-                root=source.root,
-                observation=source.observation,
-                seeds=seeds,
-                committed_step_id=source.committed_step_id,
-                context_length=source.context_length,
-                last=source.last,
-                forked_from=source.session_id,
-                render=source.render,
-                jpeg_quality=source.jpeg_quality,
-                frames=source.frames,
-            )
-            fork = await self.store.insert(fork)
+            try:
+                fork, draws = await self._insert_fork(source, req.session_id)
+            except RolloutError as exc:  # the id is taken: by this fork, made on another replica?
+                if exc.code != "session_exists" or not (
+                    made := await self._fork_made(req.session_id, session_id)
+                ):
+                    raise
+                return self._created(made, raw_tensors)
+            source.seeds = draws  # only now: a refused fork leaves the source's next reset as it was
+            answer = self._created(fork, raw_tensors)  # before an await lets a close free the fork
         await self._count_sessions()
-        return self._created(fork, raw_tensors)
+        return answer
+
+    async def _insert_fork(
+        self, source: RolloutSession, session_id: str | None
+    ) -> tuple[RolloutSession, np.random.Generator]:
+        """The fork, inserted, and the source's seed sequence after the fork's draw: drawn from a
+        copy, which the caller keeps only once the fork exists."""
+        draws = copy.deepcopy(source.seeds)
+        seeds = np.random.default_rng(draws.integers(2**63))
+        fork = RolloutSession(
+            session_id=await self.store.claim(session_id),
+            model=source.model,
+            mode=source.mode,
+            created_at=time.time(),
+            state=source.state,
+            root=source.root,
+            observation=source.observation,
+            seeds=seeds,
+            committed_step_id=source.committed_step_id,
+            context_length=source.context_length,
+            last=source.last,
+            forked_from=source.session_id,
+            render=source.render,
+            jpeg_quality=source.jpeg_quality,
+            frames=source.frames,
+        )
+        return await self.store.insert(fork), draws
 
     async def reset_session(
         self, session_id: str, req: ResetSessionRequest | None = None, *, raw_tensors: bool = False
@@ -433,6 +457,13 @@ class RolloutService:
         touch = getattr(self.store, "touch", None)
         if touch is not None:
             touch(session)
+
+    async def committed_step_id(self, session_id: str) -> int | None:
+        """The session's committed step (closed or not), or None for an unknown id: what an error
+        body reports when the refusal came before the service read the session (a malformed body)
+        or from the store (``at_capacity``)."""
+        session = await self.store.find(session_id)
+        return None if session is None else session.committed_step_id
 
     async def refused_step(
         self, session_id: str, step_id: int, code: str, message: str
@@ -653,6 +684,10 @@ class RolloutService:
         raise RolloutError(code, message, committed_step_id=committed)
 
     # -- helpers ---------------------------------------------------------------------------------------
+    async def _fork_made(self, sid: str | None, source_id: str) -> RolloutSession | None:
+        """The open fork of ``source_id`` a retried fork with client-chosen id ``sid`` already made."""
+        return None if sid is None else await self._same_session(sid, source_id)
+
     async def _same_session(self, sid: str, forked_from: str | None) -> RolloutSession | None:
         """The open session a retried create (or fork) with a client-chosen id already made, if any.
 

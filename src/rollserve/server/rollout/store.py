@@ -64,7 +64,8 @@ class RolloutSession:
     """One rollout: the committed world state and the counters that describe it.
 
     ``root`` is the episode's start state (what a stateless step starts from), ``observation`` what
-    the client saw of the committed state, ``seeds`` draws the seed of each unseeded reset.
+    the client saw of the committed state, ``seeds`` draws the seed of each unseeded reset. A closed
+    or expired session (a tombstone) holds None in all of them, and in ``frames``, ``last``, ``render``.
     """
 
     session_id: str
@@ -276,11 +277,18 @@ class RolloutStore:
     def _retire(self, session: RolloutSession, reason: str) -> None:
         self._open.pop(session.session_id, None)
         session.closed_reason = reason
-        session.state = session.root = None
-        session.last = None
+        _free(session)
         self._tombstones[session.session_id] = session
         while len(self._tombstones) > self._max_tombstones:
             self._tombstones.popitem(last=False)
+
+
+def _free(session: RolloutSession) -> None:
+    """Drop what only an open session uses, in place (requests queued on it see it closed): up to
+    4096 tombstones must not keep states, observations and camera frames (~1 MiB each at 256x256).
+    Kept: ids, ``model``, the counters and ``closed_reason``, which ``status`` and refusals report."""
+    session.state = session.root = session.observation = None
+    session.frames = session.last = session.seeds = session.render = None
 
 
 def closed_error(session: RolloutSession) -> RolloutError:
