@@ -264,6 +264,17 @@ class InferenceEngine:
             return None, None
         return self._cut(self.queue.get_left_over()), self._cut(self.queue.get_processed_left_over())
 
+    def _index_and_prefixes(self) -> tuple[int, np.ndarray | None, np.ndarray | None]:
+        """The read index and the prefixes that start at it: the merge counts executed actions from
+        this index, so a control step between the reads would skip one. ``prefixes`` is a hook
+        (subclasses override it) that reads the queue itself, so the index is read on both sides
+        and the read repeats if it moved; within a cycle it only grows, or drops to 0 and stays."""
+        while True:
+            index = self.queue.get_action_index()
+            prefix_model, prefix_robot = self.prefixes()
+            if self.queue.get_action_index() == index:
+                return index, prefix_model, prefix_robot
+
     def _cut(self, left_over: np.ndarray | None) -> np.ndarray | None:
         if left_over is None or len(left_over) == 0:
             return None
@@ -286,8 +297,7 @@ class InferenceEngine:
                 episode_id = self._episode_id
             if reset:
                 self.source.reset(episode_id)
-            index_before = self.queue.get_action_index()
-            prefix_model, prefix_robot = self.prefixes()
+            index_before, prefix_model, prefix_robot = self._index_and_prefixes()
             self._seq += 1
             request = ChunkRequest(
                 observation, self.estimated_delay() if delay is None else delay, prefix_model, prefix_robot,
@@ -314,8 +324,8 @@ class InferenceEngine:
             if stale:
                 self.stats.dropped_replies += 1
                 return False
-            real_delay = delay if delay is not None else self.queue.get_action_index() - index_before
-            self.queue.merge(reply.chunk_model, reply.chunk_robot, real_delay, index_before)
+            # delay None: the queue counts the actions executed since index_before under its own lock.
+            self.queue.merge(reply.chunk_model, reply.chunk_robot, delay, index_before)
             self.stats.chunks_merged += 1
         return True
 
@@ -351,6 +361,7 @@ class InferenceEngine:
                 backoff = self.config.backoff_initial_s
             except (ConnectionError, TimeoutError) as exc:
                 self.last_error = exc
+                self.stats.errors += 1
                 logger.warning("policy source unavailable (%s); reconnecting", exc)
                 self._recover()
             except Exception as exc:
@@ -366,19 +377,31 @@ class InferenceEngine:
                     backoff = min(backoff * 2, self.config.backoff_max_s)
 
     def _recover(self) -> None:
-        """Reconnect and reopen the session, with exponential backoff, until it works or we stop."""
+        """Reconnect and reopen the session, with exponential backoff, until it works or we stop.
+
+        A refusal is retried too: the server may free up, or be fixed, and the robot then resumes
+        without a restart; meanwhile every failed attempt is visible (:meth:`_failed_attempt`).
+        """
         backoff = self.config.backoff_initial_s
         while not self._stop.is_set():
             try:
                 self._adopt(self.source.reconnect())
                 self.stats.reconnects += 1
                 return
-            except (ConnectionError, TimeoutError, OSError) as exc:
-                logger.info("reconnect failed (%s); retrying in %.2fs", exc, backoff)
-            except Exception as exc:  # e.g. the session was refused: keep trying, the server may free up
-                logger.warning("reopening the session failed (%s); retrying in %.2fs", exc, backoff)
+            except Exception as exc:
+                self._failed_attempt(exc, backoff)
             self._stop.wait(backoff)
             backoff = min(backoff * 2, self.config.backoff_max_s)
+
+    def _failed_attempt(self, exc: Exception, backoff: float) -> None:
+        """Record a failed recovery in ``last_error`` and the error count. An unreachable server
+        is expected while it restarts; a refusal (e.g. ``SessionRejected``) needs a person: an error."""
+        self.last_error = exc
+        self.stats.errors += 1
+        if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
+            logger.info("reconnect failed (%s); retrying in %.2fs", exc, backoff)
+        else:
+            logger.error("reopening the session failed (%s); retrying in %.2fs", exc, backoff)
 
     # -- stats ------------------------------------------------------------------------------------
     def latency_stats(self) -> dict[str, float]:

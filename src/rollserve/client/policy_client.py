@@ -95,6 +95,8 @@ class PolicyClient:
 
     # -- connection -------------------------------------------------------------------------------
     def connect(self) -> PolicyClient:
+        """Open the websocket; an open one is closed first (it would leak, with its server slot)."""
+        self.close()
         headers = {"Authorization": f"Api-Key {self.api_key}"} if self.api_key else None
         try:
             self._ws = connect(

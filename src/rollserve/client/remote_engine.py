@@ -41,8 +41,14 @@ class RemoteChunkSource:
         return self.client.session_epoch
 
     def connect(self) -> SourceInfo:
+        """Connect and open the session. Any failure closes the connection again: a kept one would
+        hold a websocket, its threads and one of the server's per-address slots."""
         self.client.connect()
-        ack = self.client.open_session(**self._open_fields)
+        try:
+            ack = self.client.open_session(**self._open_fields)
+        except BaseException:
+            self.client.close()
+            raise
         return SourceInfo(ack.chunk_size, len(ack.action_names), ack.execution_horizon, ack.rtc_supported)
 
     def infer(self, request: ChunkRequest) -> ActionChunkMsg:

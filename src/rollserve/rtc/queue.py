@@ -68,21 +68,20 @@ class ActionQueue:
         self,
         original_actions: np.ndarray,
         processed_actions: np.ndarray,
-        real_delay: int,
+        real_delay: int | None,
         action_index_before_inference: int | None = 0,
     ) -> None:
-        """Fold a new chunk in. ``real_delay``: actions executed while it was inferred."""
+        """Fold a new chunk in. ``real_delay``: actions executed while it was inferred; None counts
+        them here, under the lock, since ``action_index_before_inference`` (a count read before the
+        merge would miss a ``get`` that runs in between)."""
         original = np.asarray(original_actions)
         processed = np.asarray(processed_actions)
         if original.shape[0] != processed.shape[0]:
             raise ValueError(f"chunk lengths differ: model {original.shape} vs robot {processed.shape}")
         with self._lock:
-            if action_index_before_inference is not None:
-                executed = self.last_index - action_index_before_inference
-                if executed != real_delay:
-                    logger.debug("delay hint %d, but %d actions ran during inference", real_delay, executed)
+            delay = self._delay(real_delay, action_index_before_inference)
             if self.config.enabled:
-                delay = max(0, min(int(real_delay), len(original)))
+                delay = max(0, min(int(delay), len(original)))
                 self.original_queue = original[delay:].copy()
                 self.queue = processed[delay:].copy()
             elif self.queue is None:
@@ -93,3 +92,15 @@ class ActionQueue:
                 self.original_queue = np.concatenate([self.original_queue[self.last_index :], original])
                 self.queue = np.concatenate([self.queue[self.last_index :], processed])
             self.last_index = 0
+
+    def _delay(self, real_delay: int | None, index_before: int | None) -> int:
+        """The delay to merge with (under the lock): ``real_delay``, or if None the actions executed
+        since ``index_before``; a hint that differs from what ran is logged."""
+        executed = None if index_before is None else self.last_index - index_before
+        if real_delay is None:
+            if executed is None:
+                raise ValueError("real_delay=None needs action_index_before_inference")
+            return executed
+        if executed is not None and executed != real_delay:
+            logger.debug("delay hint %d, but %d actions ran during inference", real_delay, executed)
+        return real_delay
