@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rollserve.client import PolicyClient, PolicyConnectionError, ServerError, SessionRejected
+from rollserve.client import PolicyClient, PolicyConnectionError, ServerError, SessionRejected, policy_client
 from rollserve.client.policy_client import REOPEN_CODES
 from rollserve.engine import policy_errors
 from rollserve.models.policy import PolicyRequest
@@ -128,3 +128,22 @@ def test_no_server_is_a_connection_error() -> None:
 
 def test_reopen_codes_match_the_server() -> None:
     assert {policy_errors.UNKNOWN_SESSION, policy_errors.STALE_EPOCH} == REOPEN_CODES
+
+
+def test_a_connection_over_the_address_limit_reads_as_unavailable() -> None:
+    """The server refuses a websocket beyond ``max_connections_per_client`` with a text frame
+    ``"unavailable: ..."`` before close 1013: the client reads that code (retryable), not a
+    malformed frame, so a robot can tell "try later" from a broken server."""
+    settings = ServerSettings(max_batch_wait_ms=0.0, max_connections_per_client=1)
+    app = create_app(settings, policy=PolicyService(ChunkPolicy(), settings))
+    with serving(app) as running, PolicyClient(_url(running)) as first, PolicyClient(_url(running)) as second:
+        first.open_session()
+        refusal = second.receive(timeout=10)
+    assert (refusal.code, refusal.retryable) == (policy_errors.UNAVAILABLE, True)
+    assert refusal.message == "1 connections from one address is the limit"
+    assert policy_errors.UNAVAILABLE == policy_client.UNAVAILABLE_CODE  # the light client's copy
+
+
+def test_other_text_frames_are_malformed() -> None:
+    assert policy_client._text_error("hello").code == "malformed_frame"
+    assert policy_client._text_error("bad_field: x").code == "malformed_frame"  # only refusals come as text

@@ -35,6 +35,10 @@ from rollserve.wire import (
 )
 from rollserve.wire.messages import Message
 
+UNAVAILABLE_CODE = (
+    "unavailable"  # the protocol's code (rollserve.engine.policy_errors), not imported: light client
+)
+
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/policy/ws"
 # Server error codes after which the session must be reopened (see docs/protocol.md).
 REOPEN_CODES = frozenset({"unknown_session", "stale_epoch"})
@@ -227,7 +231,7 @@ class PolicyClient:
         except (OSError, websockets.exceptions.WebSocketException) as exc:
             raise PolicyConnectionError(f"connection to {self.url} lost: {exc}") from exc
         if isinstance(data, str):
-            return ErrorMsg(code="malformed_frame", message=data[:500])
+            return _text_error(data)
         try:
             return decode_message(data, self.limits)
         except WireError as exc:
@@ -260,3 +264,12 @@ class PolicyClient:
             if isinstance(msg, ErrorMsg) and (msg.seq_id is None or msg.seq_id == seq_id):
                 raise ServerError(msg.code, msg.message, msg.seq_id, msg.retryable)
             self.dropped_replies += 1  # a late reply to an older request
+
+
+def _text_error(text: str) -> ErrorMsg:
+    """A text frame: the server refuses a connection it will not serve (``unavailable``: at its
+    connection limit, then close 1013) as ``"<code>: <message>"``; anything else is malformed."""
+    code, sep, message = text.partition(": ")
+    if sep and code == UNAVAILABLE_CODE:
+        return ErrorMsg(code=code, message=message[:500], retryable=True)
+    return ErrorMsg(code="malformed_frame", message=text[:500])
