@@ -19,6 +19,7 @@ from typing import Any
 
 from rich.console import Console
 
+from rollserve.cli import non_negative_float, non_negative_int, output_dir, output_file, positive_int
 from rollserve.demo.metrics import EpisodeTrace, summarize
 from rollserve.demo.strategies import STRATEGIES, Strategy, StrategyEngine, engine_config
 
@@ -30,9 +31,11 @@ DEFAULT_SYNC_STEPS = 8
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--episodes", type=int, default=DEFAULT_EPISODES, help="episodes per strategy")
     parser.add_argument(
-        "--delay-ms", type=float, default=DEFAULT_DELAY_MS,
+        "--episodes", type=positive_int, default=DEFAULT_EPISODES, help="episodes per strategy"
+    )
+    parser.add_argument(
+        "--delay-ms", type=non_negative_float, default=DEFAULT_DELAY_MS,
         help=f"added network round trip, half each way (default {DEFAULT_DELAY_MS:.0f})",
     )  # fmt: skip
     parser.add_argument(
@@ -41,10 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="first episode seed (episode i uses seed + i)")
     parser.add_argument(
-        "--out", default="rollserve-demo", help="folder for the plot (default ./rollserve-demo)"
+        "--out",
+        type=output_dir,
+        default="rollserve-demo",
+        help="folder for the plot (default ./rollserve-demo)",
     )
     parser.add_argument(
         "--video",
+        type=output_file,
         metavar="PATH",
         help="record the first episode of the RTC strategy (.gif; .mp4 with imageio-ffmpeg)",
     )
@@ -59,19 +66,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-steps",
-        type=int,
+        type=positive_int,
         default=None,
         help="episode time limit in control ticks (default: the task's 120)",
     )
     parser.add_argument(
-        "--refill-margin", type=int, default=DEFAULT_REFILL_MARGIN,
+        "--refill-margin", type=non_negative_int, default=DEFAULT_REFILL_MARGIN,
         help="async: ask for the next chunk when <= expected delay + this many actions are left",
     )  # fmt: skip
     parser.add_argument(
-        "--sync-steps", type=int, default=DEFAULT_SYNC_STEPS, help="sync: actions executed per chunk"
+        "--sync-steps", type=positive_int, default=DEFAULT_SYNC_STEPS, help="sync: actions executed per chunk"
     )
     parser.add_argument(
-        "--rtc-horizon", type=int, default=None,
+        "--rtc-horizon", type=positive_int, default=None,
         help="server's RTC execution horizon (default: refill margin + the smallest possible delay in steps)",
     )  # fmt: skip
 
@@ -113,6 +120,10 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
         raise ValueError(f"--strategies: unknown {unknown}; choose from {', '.join(STRATEGIES)}")
     if args.episodes < 1 or args.delay_ms < 0 or args.refill_margin < 0 or args.sync_steps < 1:
         raise ValueError("--episodes and --sync-steps must be >= 1; --delay-ms and --refill-margin >= 0")
+    if (args.max_steps is not None and args.max_steps < 1) or (
+        args.rtc_horizon is not None and args.rtc_horizon < 1
+    ):
+        raise ValueError("--max-steps and --rtc-horizon must be >= 1 when given")
     fps = float(CONTROL_HZ)
     min_delay_steps = max(1, math.ceil(args.delay_ms / 1000.0 * fps - 1e-9))
     return DemoConfig(
@@ -123,12 +134,12 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
         seed=args.seed,
         delay_ms=args.delay_ms,
         fps=fps,
-        max_steps=args.max_steps or MAX_EPISODE_STEPS,
+        max_steps=MAX_EPISODE_STEPS if args.max_steps is None else args.max_steps,
         refill_margin=args.refill_margin,
         sync_steps=args.sync_steps,
         # The server pads a shorter prefix with zero rows up to its horizon; an async client always
         # has at least (smallest delay + margin) actions left when it asks, so no row is padding.
-        rtc_horizon=args.rtc_horizon or args.refill_margin + min_delay_steps,
+        rtc_horizon=args.refill_margin + min_delay_steps if args.rtc_horizon is None else args.rtc_horizon,
         out=Path(args.out),
         video=args.video,
         quiet=args.quiet,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -85,10 +86,18 @@ def _frozen(array: np.ndarray) -> np.ndarray:
     return array
 
 
+class WorldLoadError(ValueError):
+    """The spec does not name a loadable world; the message says why (``serve`` prints it as is)."""
+
+
+class NotAWorldError(WorldLoadError, TypeError):
+    """The factory returned something else; also a ``TypeError``, as this error always was."""
+
+
 def load_world(spec: str) -> WorldModel:
     """Build the world named by ``spec``: ``sim`` (the MuJoCo task), ``learned`` (the shipped
     checkpoint), ``video`` (the shipped video world model), ``toy``, or ``module.path:factory`` (any
-    callable returning a WorldModel)."""
+    callable returning a WorldModel). A spec that names nothing loadable raises ``WorldLoadError``."""
     if spec == "toy":
         return ToyWorld()
     if spec == "sim":
@@ -105,9 +114,41 @@ def load_world(spec: str) -> WorldModel:
         return load_video()
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"unknown world {spec!r}: use sim, learned, video, toy or module.path:factory")
-    factory = getattr(importlib.import_module(module_name), attr)
-    world = factory()
+        raise WorldLoadError(f"unknown world {spec!r}: use sim, learned, video, toy or module.path:factory")
+    world = _call_factory(_world_factory(spec, module_name, attr), spec, attr)
     if not isinstance(world, WorldModel):
-        raise TypeError(f"{spec} returned {type(world).__name__}, which is not a WorldModel")
+        raise NotAWorldError(
+            f"world spec {spec!r} returned {type(world).__name__}, which is not a WorldModel"
+        )
     return world
+
+
+def _world_factory(spec: str, module_name: str, attr: str) -> Any:
+    """The factory ``module_name:attr`` names; import problems become ``WorldLoadError``."""
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise WorldLoadError(f"world spec {spec!r}: no module named {module_name!r}") from None
+        raise WorldLoadError(
+            f"world spec {spec!r}: module {module_name!r} needs {exc.name!r}, which is not installed"
+        ) from exc
+    except Exception as exc:
+        raise WorldLoadError(
+            f"world spec {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not hasattr(module, attr):
+        raise WorldLoadError(f"world spec {spec!r}: {module_name!r} has no attribute {attr!r}")
+    factory = getattr(module, attr)
+    if not callable(factory):
+        raise WorldLoadError(f"world spec {spec!r}: {attr!r} is not a factory")
+    return factory
+
+
+def _call_factory(factory: Any, spec: str, attr: str) -> Any:
+    try:
+        return factory()
+    except Exception as exc:
+        raise WorldLoadError(
+            f"world spec {spec!r}: calling {attr}() failed: {type(exc).__name__}: {exc}"
+        ) from exc

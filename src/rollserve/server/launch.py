@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Any
 
+from rollserve.cli import non_negative_float, non_negative_int, port_number, positive_float, positive_int
 from rollserve.server.policy.openpi_layouts import AUTO, LAYOUT_NAMES
 from rollserve.server.running import EVENT_LOOPS, event_loop_name, listening_socket
 from rollserve.server.settings import ServerSettings
@@ -52,63 +53,87 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "a request may choose with the X-Rollserve-Status-Codes header",
     )  # fmt: skip
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    parser.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
+    parser.add_argument("--port", type=port_number, default=8000, help="port (0 picks a free one)")
     parser.add_argument(
         "--api-key", default=os.environ.get("ROLLSERVE_API_KEY"),
         help="require this key on every route but /healthz and /health (default: $ROLLSERVE_API_KEY)",
     )  # fmt: skip
-    parser.add_argument("--max-batch", type=int, default=8, help="most requests per model call")
-    parser.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits to fill up")
-    parser.add_argument("--max-sessions", type=int, default=64, help="most concurrent policy sessions")
+    parser.add_argument("--max-batch", type=positive_int, default=8, help="most requests per model call")
     parser.add_argument(
-        "--inline-below-ms", type=float, default=0.25,
+        "--max-wait-ms", type=non_negative_float, default=2.0, help="how long a batch waits to fill up"
+    )
+    parser.add_argument(
+        "--max-sessions", type=positive_int, default=64, help="most concurrent policy sessions"
+    )
+    parser.add_argument(
+        "--inline-below-ms", type=non_negative_float, default=0.25,
         help="run a request on the event loop, not the engine thread, when the engine is idle and the "
         "policy's recent calls took less than this (0: never)",
     )  # fmt: skip
     parser.add_argument(
-        "--rtc-horizon", type=int, default=None, help="RTC execution horizon (default: the policy's)"
+        "--rtc-horizon", type=positive_int, default=None, help="RTC execution horizon (default: the policy's)"
     )
     parser.add_argument(
         "--openpi-layout", choices=(AUTO, *LAYOUT_NAMES), default=AUTO,
         help="observation keys openpi clients send (default: detect per request)",
     )  # fmt: skip
-    parser.add_argument("--max-frame-mb", type=float, default=64.0, help="largest accepted frame, in MiB")
+    parser.add_argument(
+        "--max-frame-mb", type=positive_float, default=64.0, help="largest accepted frame, in MiB"
+    )
     limits = parser.add_argument_group(
         "limits against hostile or sloppy clients (docs/protocol.md, docs/rollout.md)"
     )
     limits.add_argument(
-        "--idle-timeout-s", type=float, default=120.0,
+        "--idle-timeout-s", type=positive_float, default=120.0,
         help="close a policy websocket that sent nothing for this long (pings do not count)",
     )  # fmt: skip
     limits.add_argument(
-        "--max-connections-per-client", type=int, default=32, help="policy websockets per client address"
+        "--max-connections-per-client",
+        type=positive_int,
+        default=32,
+        help="policy websockets per client address",
     )
-    limits.add_argument("--max-body-mb", type=float, default=16.0, help="largest REST body, in MiB")
+    limits.add_argument("--max-body-mb", type=positive_float, default=16.0, help="largest REST body, in MiB")
     limits.add_argument(
-        "--max-json-values", type=int, default=65_536, help="most values in one JSON body (msgpack: no limit)"
-    )
-    limits.add_argument(
-        "--rollout-ttl-s", type=float, default=600.0, help="a rollout session idle this long expires"
-    )
-    limits.add_argument(
-        "--header-timeout-s", type=float, default=10.0, help="request headers must arrive within this"
-    )
-    limits.add_argument(
-        "--keep-alive-s", type=float, default=5.0, help="close an idle keep-alive HTTP connection after this"
+        "--max-json-values",
+        type=positive_int,
+        default=65_536,
+        help="most values in one JSON body (msgpack: no limit)",
     )
     limits.add_argument(
-        "--max-connections", type=int, default=2048, help="open connections; above it new requests get 503"
+        "--rollout-ttl-s", type=positive_float, default=600.0, help="a rollout session idle this long expires"
     )
     limits.add_argument(
-        "--refusal-delay-ms", type=float, default=1.0,
+        "--header-timeout-s",
+        type=positive_float,
+        default=10.0,
+        help="request headers must arrive within this",
+    )
+    limits.add_argument(
+        "--keep-alive-s",
+        type=positive_float,
+        default=5.0,
+        help="close an idle keep-alive HTTP connection after this",
+    )
+    limits.add_argument(
+        "--max-connections",
+        type=positive_int,
+        default=2048,
+        help="open connections; above it new requests get 503",
+    )
+    limits.add_argument(
+        "--refusal-delay-ms", type=non_negative_float, default=1.0,
         help="a connection's k-th refused input in a row waits min(max, this * 2^(k-1)) ms before its "
         "reply (REST) or its next message is read (websockets); an accepted request resets it; 0: off",
     )  # fmt: skip
     limits.add_argument(
-        "--refusal-delay-max-ms", type=float, default=100.0, help="the most one refusal is delayed"
+        "--refusal-delay-max-ms",
+        type=non_negative_float,
+        default=100.0,
+        help="the most one refusal is delayed",
     )
     limits.add_argument(
-        "--refused-lanes", type=int, default=1,
+        "--refused-lanes", type=non_negative_int, default=1,
         help="inputs of connections with refusals in a row handled at once, per transport (websockets, "
         "REST); the others wait their turn; 0: no limit",
     )  # fmt: skip
@@ -123,14 +148,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scale.add_argument(
         "--ray", action="store_true", help="serve replicas of the app behind Ray Serve's proxy"
     )
-    scale.add_argument("--replicas", type=int, default=1, help="how many replicas (with --ray)")
+    scale.add_argument("--replicas", type=positive_int, default=1, help="how many replicas (with --ray)")
     scale.add_argument(
         "--ray-address", default=None, help="join this Ray cluster (e.g. 'auto'); default: start a local one"
     )
-    scale.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs per replica (with --ray)")
-    scale.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs per replica (with --ray)")
     scale.add_argument(
-        "--max-rollout-sessions", type=int, default=256,
+        "--replica-cpus", type=non_negative_float, default=1.0, help="CPUs per replica (with --ray)"
+    )
+    scale.add_argument(
+        "--replica-gpus", type=non_negative_float, default=0.0, help="GPUs per replica (with --ray)"
+    )
+    scale.add_argument(
+        "--max-rollout-sessions", type=positive_int, default=256,
         help="most open rollout sessions (with --ray: of the whole deployment)",
     )  # fmt: skip
 

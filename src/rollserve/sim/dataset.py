@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from rollserve.cli import non_negative_float, output_file, positive_int
 from rollserve.sim.env import TabletopPickPlaceEnv
 from rollserve.sim.expert import ScriptedExpert
 from rollserve.sim.layout import ACTION_NAMES, CAMERA_NAMES, CONTROL_HZ, STATE_NAMES
@@ -171,9 +172,13 @@ def _write_npz(path: Path, arrays: dict[str, np.ndarray], compress: bool) -> Pat
     """Write atomically (a reader never sees half a file) to exactly ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as f:
-        (np.savez_compressed if compress else np.savez)(f, **arrays)
-    os.replace(partial, path)
+    try:
+        with open(partial, "wb") as f:
+            (np.savez_compressed if compress else np.savez)(f, **arrays)
+        os.replace(partial, path)
+    except BaseException:  # a full disk, a folder where the file should go: leave no stray partial
+        partial.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -228,25 +233,32 @@ class _progress_bar:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``rollserve dataset`` options."""
-    parser.add_argument("--episodes", type=int, default=200, help="number of expert episodes (default 200)")
+    parser.add_argument(
+        "--episodes", type=positive_int, default=200, help="number of expert episodes (default 200)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="dataset seed; episode seeds derive from it")
-    parser.add_argument("--out", type=Path, default=Path("data/tabletop.npz"), help="output .npz path")
+    parser.add_argument("--out", type=output_file, default="data/tabletop.npz", help="output .npz path")
     parser.add_argument("--images", action="store_true", help="also record both camera images (slow)")
     parser.add_argument(
-        "--action-noise", type=float, default=0.0, help="std (rad) of noise on executed joint targets"
-    )
+        "--action-noise", type=non_negative_float, default=0.0,
+        help="std (rad) of noise on executed joint targets",
+    )  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def main(args: argparse.Namespace) -> int:
-    summary = generate_dataset(
-        args.episodes,
-        args.seed,
-        args.out,
-        render_images=args.images,
-        progress=not args.quiet,
-        action_noise=args.action_noise,
-    )
+    try:
+        summary = generate_dataset(
+            args.episodes,
+            args.seed,
+            args.out,
+            render_images=args.images,
+            progress=not args.quiet,
+            action_noise=args.action_noise,
+        )
+    except OSError as exc:  # the path was checked up front; this is the disk failing at the end
+        print(f"rollserve dataset: error: cannot write {args.out}: {exc}", file=sys.stderr)
+        return 1
     print(
         f"wrote {summary.path}: {summary.num_episodes} episodes, {summary.num_frames} frames in "
         f"{summary.seconds:.1f} s; expert success rate {summary.success_rate:.1%}"

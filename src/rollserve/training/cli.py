@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from rollserve.cli import run_command
+
 # subcommand -> (module exposing add_arguments(parser) and main(args) -> int, one-line help)
 JOBS: dict[str, tuple[str, str]] = {
     "policy": ("rollserve.training.policy", "behaviour-clone the reference flow-matching policy"),
@@ -27,6 +29,4 @@ def main(args: argparse.Namespace) -> int:
     module_path, help_text = JOBS[job]
     module = importlib.import_module(module_path)
     parser = argparse.ArgumentParser(prog=f"rollserve train {args.job}", description=help_text)
-    module.add_arguments(parser)
-    job_args = parser.parse_args(job_args)
-    return int(module.main(job_args) or 0)
+    return run_command(parser, module, job_args)

@@ -12,6 +12,7 @@ import json
 import math
 import platform
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,6 +21,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from rollserve.cli import (
+    UsageError,
+    checked,
+    non_negative_float,
+    non_negative_int,
+    output_dir,
+    output_file,
+    positive_float,
+    positive_int,
+)
 from rollserve.models.checkpoint import save_flow_policy
 from rollserve.models.flow_net import FlowNetConfig, VelocityNet
 from rollserve.models.flow_policy import DEFAULT_RTC, FlowMatchingPolicy
@@ -182,32 +193,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = TrainConfig()
     parser.add_argument(
         "--data",
-        type=Path,
+        type=output_file,
         default=None,
         help="dataset .npz, generated if absent (default data/tabletop_<episodes>ep_seed<s>_noise<n>.npz)",
     )
-    parser.add_argument("--episodes", type=int, default=DEFAULT_EPISODES, help="episodes when generating")
+    parser.add_argument(
+        "--episodes", type=positive_int, default=DEFAULT_EPISODES, help="episodes when generating"
+    )
     parser.add_argument("--data-seed", type=int, default=0, help="seed when generating the dataset")
     parser.add_argument(
-        "--action-noise", type=float, default=DEFAULT_ACTION_NOISE, help="expert noise when generating"
-    )
-    parser.add_argument("--out", type=Path, default=Path("runs/flow_policy"), help="checkpoint directory")
-    parser.add_argument("--steps", type=int, default=defaults.steps)
+        "--action-noise", type=non_negative_float, default=DEFAULT_ACTION_NOISE,
+        help="expert noise when generating",
+    )  # fmt: skip
+    parser.add_argument("--out", type=output_dir, default="runs/flow_policy", help="checkpoint directory")
+    parser.add_argument("--steps", type=positive_int, default=defaults.steps)
     parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    parser.add_argument("--lr", type=float, default=defaults.lr)
-    parser.add_argument("--chunk-size", type=int, default=defaults.chunk_size)
-    parser.add_argument("--hidden-dim", type=int, default=defaults.hidden_dim)
-    parser.add_argument("--depth", type=int, default=defaults.depth)
-    parser.add_argument("--state-noise", type=float, default=defaults.state_noise)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 = reproducible)")
-    parser.add_argument("--eval-episodes", type=int, default=0, help="evaluate in the sim afterwards")
+    parser.add_argument("--batch-size", type=positive_int, default=defaults.batch_size)
+    parser.add_argument("--lr", type=positive_float, default=defaults.lr)
+    parser.add_argument("--chunk-size", type=positive_int, default=defaults.chunk_size)
+    parser.add_argument("--hidden-dim", type=positive_int, default=defaults.hidden_dim)
+    parser.add_argument("--depth", type=non_negative_int, default=defaults.depth)
+    parser.add_argument("--state-noise", type=non_negative_float, default=defaults.state_noise)
+    parser.add_argument(
+        "--threads", type=positive_int, default=1, help="torch CPU threads (1 = reproducible)"
+    )
+    parser.add_argument(
+        "--eval-episodes", type=non_negative_int, default=0, help="evaluate in the sim afterwards (0: no)"
+    )
 
 
 def _ensure_dataset(args: argparse.Namespace) -> Path:
     if args.data is None:
         name = f"tabletop_{args.episodes}ep_seed{args.data_seed}_noise{args.action_noise:g}.npz"
-        args.data = Path("data") / name
+        args.data = checked("--data", output_file, Path("data") / name)  # before generating, not after
     if args.data.exists():
         return args.data
     from rollserve.sim.dataset import generate_dataset
@@ -215,6 +233,22 @@ def _ensure_dataset(args: argparse.Namespace) -> Path:
     print(f"generating {args.episodes} expert episodes (seed {args.data_seed}) -> {args.data}")
     generate_dataset(args.episodes, args.data_seed, args.data, action_noise=args.action_noise)
     return args.data
+
+
+def _load_training_data(path: Path) -> dict[str, Any]:
+    """The dataset's arrays, refused up front when training on them could only crash or learn nothing."""
+    try:
+        data = load_npz(path)
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise UsageError(f"argument --data: cannot read {path}: {exc}") from None
+    missing = [key for key in ("states", "actions", "episode_index") if key not in data]
+    if missing:
+        raise UsageError(f"argument --data: {path} is not a demonstration dataset (no {', '.join(missing)})")
+    if len(data["states"]) == 0:
+        raise UsageError(f"argument --data: {path} holds no frames")
+    if "success" in data and not np.asarray(data["success"], bool).any():
+        raise UsageError(f"argument --data: {path} holds no successful episode to clone")
+    return data
 
 
 def _train_with_progress(data: dict[str, Any], config: TrainConfig) -> tuple[FlowMatchingPolicy, list[float]]:
@@ -256,7 +290,7 @@ def _command_line(args: argparse.Namespace) -> str:
 def main(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     data_path = _ensure_dataset(args)
-    data = load_npz(data_path)
+    data = _load_training_data(data_path)
     config = TrainConfig(
         steps=args.steps,
         batch_size=args.batch_size,

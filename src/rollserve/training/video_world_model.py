@@ -23,6 +23,16 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from rollserve.cli import (
+    UsageError,
+    checked,
+    non_negative_float,
+    non_negative_int,
+    output_dir,
+    output_file,
+    positive_int,
+)
+from rollserve.models.net_checkpoint import CONFIG_FILE
 from rollserve.models.video_world import (
     VideoWorldConfig,
     VideoWorldNet,
@@ -296,26 +306,54 @@ def horizon_errors(net: VideoWorldNet, data: VideoEpisodes) -> dict[str, Any]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--episodes", type=int, default=48, help="training episodes to render")
-    parser.add_argument("--eval-episodes", type=int, default=8, help="held-out episodes for the report")
-    parser.add_argument("--steps", type=int, default=50, help="control steps per episode")
+    parser.add_argument("--episodes", type=positive_int, default=48, help="training episodes to render")
     parser.add_argument(
-        "--noise", type=float, nargs="+", default=[0.0, 0.03, 0.08, 0.15], help="action noise (rad)"
+        "--eval-episodes", type=positive_int, default=8, help="held-out episodes for the report"
     )
-    parser.add_argument("--image-size", type=int, default=64)
-    parser.add_argument("--latent-channels", type=int, default=16)
-    parser.add_argument("--width", type=int, default=64)
-    parser.add_argument("--dynamics-width", type=int, default=32)
-    parser.add_argument("--ae-iterations", type=int, default=1500)
-    parser.add_argument("--dyn-iterations", type=int, default=1500)
-    parser.add_argument("--decoder-iterations", type=int, default=500)
-    parser.add_argument("--batch", type=int, default=24)
-    parser.add_argument("--unroll", type=int, default=6)
+    parser.add_argument("--steps", type=positive_int, default=50, help="control steps per episode")
+    parser.add_argument(
+        "--noise", type=non_negative_float, nargs="+", default=[0.0, 0.03, 0.08, 0.15],
+        help="action noise (rad)",
+    )  # fmt: skip
+    parser.add_argument("--image-size", type=positive_int, default=64, help="a multiple of 8")
+    parser.add_argument("--latent-channels", type=positive_int, default=16)
+    parser.add_argument("--width", type=positive_int, default=64)
+    parser.add_argument("--dynamics-width", type=positive_int, default=32)
+    parser.add_argument("--ae-iterations", type=positive_int, default=1500)
+    parser.add_argument("--dyn-iterations", type=positive_int, default=1500)
+    parser.add_argument("--decoder-iterations", type=non_negative_int, default=500)
+    parser.add_argument("--batch", type=positive_int, default=24)
+    parser.add_argument("--unroll", type=positive_int, default=6, help="at most --steps")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--data", type=Path, default=None, help="cache of rendered episodes (.npz)")
-    parser.add_argument("--out", type=Path, default=None, help="checkpoint dir (default: the shipped one)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
+    parser.add_argument("--data", type=output_file, default=None, help="cache of rendered episodes (.npz)")
+    parser.add_argument(
+        "--out", type=output_dir, default=None, help="checkpoint dir (default: the shipped one)"
+    )
     parser.add_argument("--evaluate-only", action="store_true", help="report the checkpoint at --out")
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Cross-flag checks argparse cannot do, before minutes of rendering."""
+    if args.image_size % 8:
+        raise UsageError(
+            f"argument --image-size: must be a multiple of 8 (the latent is 1/8), got {args.image_size}"
+        )
+    if not args.evaluate_only and args.unroll > args.steps:
+        raise UsageError(f"argument --unroll: must be at most --steps ({args.steps}), got {args.unroll}")
+
+
+def _checkpoint_to_evaluate(out: Path | None) -> VideoWorldNet:
+    """The net ``--evaluate-only`` reports on, loaded before the held-out episodes are rendered."""
+    from rollserve.models.video_world import load_video_world_net
+
+    path = out or default_checkpoint_dir()
+    if not (path / CONFIG_FILE).is_file():
+        raise UsageError(f"argument --out: no video world checkpoint in {path} (no {CONFIG_FILE})")
+    try:
+        return load_video_world_net(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"argument --out: cannot load the checkpoint in {path}: {exc}") from None
 
 
 def _episodes(args: argparse.Namespace, name: str, count: int, seed: int, noise: tuple[float, ...]):
@@ -333,18 +371,24 @@ def _log(message: str) -> None:
     print(message, flush=True)
 
 
+def _evaluate_only(args: argparse.Namespace) -> int:
+    """``--evaluate-only``: the checkpoint at ``--out`` against freshly rendered held-out episodes."""
+    net = _checkpoint_to_evaluate(args.out)
+    eval_eps = _episodes(args, "eval", args.eval_episodes, args.seed + 10_000, (0.02,))
+    print(json.dumps(horizon_errors(net, eval_eps), indent=2))
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
+    _check_arguments(args)
     # Mesa's software rasteriser renders these small frames faster in-thread than with helper threads
     os.environ.setdefault("LP_NUM_THREADS", "0")
     torch.set_num_threads(args.threads)
+    if args.evaluate_only:
+        return _evaluate_only(args)
+    out_dir = checked("--out", output_dir, args.out or default_checkpoint_dir())
     started = time.perf_counter()
     eval_eps = _episodes(args, "eval", args.eval_episodes, args.seed + 10_000, (0.02,))
-    if args.evaluate_only:
-        from rollserve.models.video_world import load_video_world_net
-
-        net = load_video_world_net(args.out or default_checkpoint_dir())
-        print(json.dumps(horizon_errors(net, eval_eps), indent=2))
-        return 0
     train_eps = _episodes(args, "train", args.episodes, args.seed, tuple(args.noise))
     render_s = time.perf_counter() - started
     _log(
@@ -381,7 +425,7 @@ def main(args: argparse.Namespace) -> int:
             "evaluation": report,
         },
     )
-    out = save_video_world(net, args.out or default_checkpoint_dir())
+    out = save_video_world(net, out_dir)
     print(json.dumps(report, indent=2))
     print(f"wrote {out}")
     return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rollserve.cli import UsageError, checked, non_negative_float, non_negative_int, output_dir, positive_int
 from rollserve.models.learned_world import (
     LearnedWorld,
     LearnedWorldConfig,
@@ -30,6 +32,9 @@ from rollserve.models.learned_world import (
 from rollserve.models.world import WorldInit, WorldStep
 
 HORIZONS = (1, 5, 10, 20, 40, 80)
+
+Log = Callable[[str], None]
+"""Where progress lines go (``print`` on the command line)."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,15 @@ class Episode:
     rewards: np.ndarray  # (T,)
 
 
-def collect(num_episodes: int, seed: int, noise_levels: tuple[float, ...], steps: int) -> list[Episode]:
+def collect(
+    num_episodes: int,
+    seed: int,
+    noise_levels: tuple[float, ...],
+    steps: int,
+    *,
+    label: str = "",
+    log: Log | None = None,
+) -> list[Episode]:
     """Expert episodes in the simulator with noisy executed actions (the noise level cycles)."""
     from rollserve.sim.env import TabletopPickPlaceEnv
     from rollserve.sim.expert import ScriptedExpert
@@ -60,6 +73,7 @@ def collect(num_episodes: int, seed: int, noise_levels: tuple[float, ...], steps
     noise_rng = np.random.default_rng([seed, 7])
     seeds = np.random.SeedSequence(seed).generate_state(num_episodes, dtype=np.uint32)
     episodes = []
+    started = time.perf_counter()
     for i, ep_seed in enumerate(seeds):
         sigma = noise_levels[i % len(noise_levels)]
         obs, _ = env.reset(seed=int(ep_seed))
@@ -74,6 +88,8 @@ def collect(num_episodes: int, seed: int, noise_levels: tuple[float, ...], steps
             actions.append(action)
             rewards.append(reward)
         episodes.append(Episode(int(ep_seed), np.asarray(states), np.asarray(actions), np.asarray(rewards)))
+        if log is not None and _due(i, num_episodes, parts=4):
+            log(f"collected {i + 1}/{num_episodes} {label} episodes ({time.perf_counter() - started:.0f} s)")
     env.close()
     return episodes
 
@@ -126,6 +142,7 @@ def fit(
     *,
     unroll: int = 8,
     unroll_iterations: int = 0,
+    log: Log | None = None,
 ) -> WorldNet:
     """One-step regression of normalised state changes, then (optionally) a multi-step phase: each
     member rolls its own prediction forward ``unroll`` steps, so errors that compound are penalised."""
@@ -144,18 +161,29 @@ def fit(
     net.train()
     opt = torch.optim.AdamW(net.mlp.parameters(), lr=2e-3, weight_decay=1e-5)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, iterations)
-    for _ in range(iterations):
+    started = time.perf_counter()
+    for it in range(iterations):
         idx = torch.randint(len(s), (config.ensemble, batch), generator=gen)
         x = (feats[idx] - net.in_mean) / net.in_std
-        _descend(opt, torch.nn.functional.mse_loss(net.mlp(x), target_n[idx]))
+        loss = torch.nn.functional.mse_loss(net.mlp(x), target_n[idx])
+        _descend(opt, loss)
         sched.step()
+        if log is not None and _due(it, iterations):
+            elapsed = time.perf_counter() - started
+            log(f"one-step fit {it + 1}/{iterations}: mse {loss.item():.5f} ({elapsed:.0f} s)")
     if unroll_iterations:
-        _fit_unrolled(net, episodes, unroll, unroll_iterations, batch, gen)
+        _fit_unrolled(net, episodes, unroll, unroll_iterations, batch, gen, log)
     return net.eval()
 
 
 def _fit_unrolled(
-    net: WorldNet, episodes: list[Episode], unroll: int, iterations: int, batch: int, gen: torch.Generator
+    net: WorldNet,
+    episodes: list[Episode],
+    unroll: int,
+    iterations: int,
+    batch: int,
+    gen: torch.Generator,
+    log: Log | None = None,
 ) -> None:
     states = torch.as_tensor(np.stack([ep.states for ep in episodes]), dtype=torch.float32)  # (N, T+1, S)
     actions = torch.as_tensor(np.stack([ep.actions for ep in episodes]), dtype=torch.float32)  # (N, T, A)
@@ -163,7 +191,8 @@ def _fit_unrolled(
     opt = torch.optim.AdamW(net.mlp.parameters(), lr=3e-4, weight_decay=1e-5)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, iterations)
     e, scale = net.config.ensemble, _std_floor(net.out_std)
-    for _ in range(iterations):
+    started = time.perf_counter()
+    for it in range(iterations):
         ep = torch.randint(len(episodes), (e, batch), generator=gen)
         t0 = torch.randint(horizon - unroll, (e, batch), generator=gen)
         state = states[ep, t0]
@@ -176,6 +205,19 @@ def _fit_unrolled(
             loss = loss + torch.mean(((state - states[ep, t0 + k + 1]) / scale) ** 2)
         _descend(opt, loss / unroll)
         sched.step()
+        if log is not None and _due(it, iterations):
+            elapsed = time.perf_counter() - started
+            log(f"unrolled fit {it + 1}/{iterations}: loss {loss.item() / unroll:.5f} ({elapsed:.0f} s)")
+
+
+def _due(index: int, total: int, parts: int = 10) -> bool:
+    """Whether step ``index`` (0-based) of ``total`` gets a progress line: about ``parts`` a phase,
+    so a 9-minute run shows it is alive without flooding the terminal."""
+    return (index + 1) % max(1, total // parts) == 0 or index + 1 == total
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)
 
 
 def _descend(opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
@@ -223,33 +265,51 @@ def horizon_errors(world: LearnedWorld, episodes: list[Episode]) -> dict[str, An
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--episodes", type=int, default=240, help="training episodes to collect")
+    parser.add_argument("--episodes", type=positive_int, default=240, help="training episodes to collect")
     parser.add_argument(
-        "--eval-episodes", type=int, default=40, help="held-out episodes for the error report"
+        "--eval-episodes", type=positive_int, default=40, help="held-out episodes for the error report"
     )
-    parser.add_argument("--steps", type=int, default=100, help="control steps per episode")
+    parser.add_argument("--steps", type=positive_int, default=100, help="control steps per episode")
     parser.add_argument(
-        "--noise", type=float, nargs="+", default=[0.0, 0.02, 0.05, 0.1], help="action noise (rad)"
+        "--noise", type=non_negative_float, nargs="+", default=[0.0, 0.02, 0.05, 0.1],
+        help="action noise (rad)",
+    )  # fmt: skip
+    parser.add_argument("--ensemble", type=positive_int, default=5)
+    parser.add_argument("--hidden", type=positive_int, default=256)
+    parser.add_argument("--depth", type=non_negative_int, default=2)
+    parser.add_argument("--iterations", type=positive_int, default=6000)
+    parser.add_argument("--batch", type=positive_int, default=256)
+    parser.add_argument(
+        "--unroll", type=positive_int, default=12, help="steps of the multi-step phase (below --steps)"
     )
-    parser.add_argument("--ensemble", type=int, default=5)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--depth", type=int, default=2)
-    parser.add_argument("--iterations", type=int, default=6000)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--unroll", type=int, default=12, help="steps of the multi-step phase")
-    parser.add_argument("--unroll-iterations", type=int, default=3000, help="0 skips the multi-step phase")
+    parser.add_argument(
+        "--unroll-iterations", type=non_negative_int, default=3000, help="0 skips the multi-step phase"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
     parser.add_argument(
-        "--out", type=Path, default=None, help="checkpoint directory (default: the shipped one)"
+        "--out", type=output_dir, default=None, help="checkpoint directory (default: the shipped one)"
     )
+
+
+def _check_arguments(args: argparse.Namespace) -> Path:
+    """Cross-flag checks argparse cannot do; returns the checkpoint directory."""
+    if args.unroll_iterations and args.unroll >= args.steps:
+        raise UsageError(
+            f"argument --unroll: must be below --steps ({args.steps}) for the multi-step phase "
+            "(or --unroll-iterations 0)"
+        )
+    return checked("--out", output_dir, args.out or default_checkpoint_dir())
 
 
 def main(args: argparse.Namespace) -> int:
+    out_dir = _check_arguments(args)
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    train_eps = collect(args.episodes, args.seed, tuple(args.noise), args.steps)
-    eval_eps = collect(args.eval_episodes, args.seed + 10_000, (0.02,), args.steps)
+    train_eps = collect(args.episodes, args.seed, tuple(args.noise), args.steps, label="training", log=_log)
+    eval_eps = collect(
+        args.eval_episodes, args.seed + 10_000, (0.02,), args.steps, label="held-out", log=_log
+    )
     transitions = sum(len(ep.actions) for ep in train_eps)
     print(f"collected {transitions} transitions in {time.perf_counter() - started:.0f} s")
     config = task_config(args.ensemble, args.hidden, args.depth)
@@ -261,6 +321,7 @@ def main(args: argparse.Namespace) -> int:
         args.seed,
         unroll=args.unroll,
         unroll_iterations=args.unroll_iterations,
+        log=_log,
     )
     report = horizon_errors(LearnedWorld(net), eval_eps)
     net.config = replace(
@@ -277,7 +338,7 @@ def main(args: argparse.Namespace) -> int:
             "evaluation": report,
         },
     )
-    out = save_world_model(net, args.out or default_checkpoint_dir())
+    out = save_world_model(net, out_dir)
     print(json.dumps(report, indent=2))
     print(f"wrote {out}")
     return 0
