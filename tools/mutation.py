@@ -61,6 +61,7 @@ MODULES: dict[str, CoreModule] = {
             "tests/server/test_rollout_service.py",
             "tests/server/test_rollout_service_rules.py",
             "tests/server/test_rollout_store.py",
+            "tests/server/test_rollout_retries_and_refusals.py",
         ),
     ),
     "auth": CoreModule(("src/rollserve/server/auth.py",), ("tests/server/test_auth.py",)),
@@ -86,6 +87,13 @@ def prepare(name: str, module: CoreModule) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(ROOT / "src", workdir / "src", ignore=ignore)
     shutil.copytree(ROOT / "tests", workdir / "tests", ignore=ignore)
+    _configure(workdir, module)
+    return workdir
+
+
+def _configure(workdir: Path, module: CoreModule) -> None:
+    """The scratch copy's pyproject.toml: the project's, plus mutmut's settings for this module
+    (written again by ``recheck``, so a test file added to the module since is used)."""
     config = (
         "\n[tool.mutmut]\n"
         'source_paths = ["src"]\n'
@@ -96,7 +104,6 @@ def prepare(name: str, module: CoreModule) -> Path:
         + ('process_isolation = "forkserver"\n' if module.fork_server else "")
     )
     (workdir / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text() + config)
-    return workdir
 
 
 def _env() -> dict[str, str]:
@@ -148,6 +155,7 @@ def recheck(name: str, workdir: Path, *, children: int, timeout_s: float) -> int
             shutil.copyfile(path, workdir / "mutants" / relative)
     shutil.rmtree(workdir / "tests")
     shutil.copytree(ROOT / "tests", workdir / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    _configure(workdir, MODULES[name])
     print(f"[{name}] pass 1: mutants without a result", flush=True)
     log = workdir / "mutmut-recheck-1.log"
     status = _mutmut_run(workdir, [], log, children=children, timeout_s=deadline - time.monotonic())

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import httpx
+import msgpack
 import numpy as np
 import pytest
 
@@ -30,6 +31,9 @@ from rollserve.server.settings import ServerSettings
 SESSIONS = "/v1/realtime/sessions"
 ACTION = {"joint_positions": [0.1] * 7, "gripper_position": 0.5}
 HEADER = "X-Rollserve-Status-Codes"
+
+
+MSGPACK = {"content-type": "application/msgpack", "accept": "application/msgpack"}
 
 
 class GatedWorld(ToyWorld):
@@ -157,6 +161,48 @@ def test_a_fork_retried_while_the_original_waits_answers_like_the_original() -> 
         assert (other.status_code, other.json()["error"]["reason"]) == (410, "session_closed")
 
 
+def test_a_fork_retried_behind_a_close_of_its_source_answers_like_the_original() -> None:
+    """The first try, a close of the source, then the retry, all queued behind a step: the retry
+    finds the source closed, but its fork made, and answers with that fork (not 410)."""
+    world = GatedWorld()
+    with server(world) as (http, service):
+        create(http, "src")
+        gate = world.gate = threading.Event()
+        holder = threading.Thread(target=lambda: step(http, "src", 0))
+        holder.start()
+        source = service.store.peek("src")
+        until(lambda: source.lock.locked())
+        answers: dict[str, httpx.Response] = {}
+
+        def send(name: str, path: str, body: dict[str, Any] | None) -> threading.Thread:
+            def post() -> None:  # msgpack both ways: the answers carry raw tensors
+                content = msgpack.packb(body) if body is not None else None
+                answers[name] = http.post(f"{SESSIONS}/src/{path}", content=content, headers=MSGPACK)
+
+            thread = threading.Thread(target=post)
+            thread.start()
+            return thread
+
+        threads = []
+        for queued, (name, path, body) in enumerate(
+            [
+                ("first", "fork", {"session_id": "child"}),
+                ("close", "close", None),
+                ("retry", "fork", {"session_id": "child"}),
+            ],
+            start=1,
+        ):
+            threads.append(send(name, path, body))
+            until(lambda queued=queued: waiters(source) == queued)  # in this order on the lock
+        world.gate = None
+        gate.set()
+        for thread in [holder, *threads]:
+            thread.join(10.0)
+        assert [answers[n].status_code for n in ("first", "close", "retry")] == [200, 200, 200]
+        first, retry = (msgpack.unpackb(answers[n].content) for n in ("first", "retry"))
+        assert retry == first and b"__ndarray__" in first["observation"]["video_latent"]  # a raw tensor
+
+
 class ForkedElsewhereStore(RolloutStore):
     """A store where another replica inserts the same fork just before this process claims its id."""
 
@@ -175,13 +221,16 @@ async def test_a_fork_that_another_replica_made_meanwhile_is_answered_not_refuse
     store = ForkedElsewhereStore()
     service = RolloutService(ToyWorld(), ServerSettings(max_batch_wait_ms=0.0), store=store)
     try:
-        await service.create_session(CreateSessionRequest(model="toy", seed=0, session_id="src"))
+        created = await service.create_session(
+            CreateSessionRequest(model="toy", seed=0, session_id="src"), raw_tensors=True
+        )
         source = store.peek("src")
         store.rival = dataclasses.replace(
             source, session_id="child", forked_from="src", created_at=123.0, lock=asyncio.Lock()
         )
-        fork = await service.fork_session("src", ForkSessionRequest(session_id="child"))
+        fork = await service.fork_session("src", ForkSessionRequest(session_id="child"), raw_tensors=True)
         assert (fork.session_id, fork.forked_from, fork.created_at) == ("child", "src", 123.0)
+        assert fork.observation == created.observation  # rendered for msgpack, like the create
         store.rival = dataclasses.replace(source, session_id="other", lock=asyncio.Lock())
         with pytest.raises(RolloutError) as err:  # a plain session that took the id is no fork
             await service.fork_session("src", ForkSessionRequest(session_id="other"))
@@ -249,6 +298,16 @@ def test_errors_on_an_existing_session_carry_its_committed_step_id(mode: str) ->
         assert refused["committed_step_id"] == 2  # a closed session still knows where it stopped
         unknown = http.post(f"{SESSIONS}/nobody/reset", json={"seed": -1}).json()["error"]
         assert unknown["committed_step_id"] == -1
+
+
+async def test_the_committed_step_id_an_error_body_reports() -> None:
+    service = RolloutService(ToyWorld(), ServerSettings(max_batch_wait_ms=0.0))
+    try:
+        assert await service.committed_step_id("nobody") is None  # the route then answers -1
+        await service.create_session(CreateSessionRequest(model="toy", seed=0, session_id="a"))
+        assert await service.committed_step_id("a") == -1  # created, nothing stepped yet
+    finally:
+        service.close()
 
 
 # -- bug: closed and expired sessions kept their observation and camera frames ------------------------------
