@@ -19,18 +19,21 @@ class PolicyLoadError(ValueError):
     """The spec does not name a loadable policy; the message says why."""
 
 
-def _import_module(module_path: str, spec: str) -> Any:
+def import_spec_module(spec: str, module_path: str, kind: str, error: type[ValueError]) -> Any:
+    """The module a ``module.path:factory`` spec names; a missing module, a missing dependency of
+    it or an import that fails becomes ``error`` with a message that says which (policies and
+    worlds are loaded from such specs alike)."""
     try:
         return importlib.import_module(module_path)
     except ModuleNotFoundError as exc:
         if exc.name and (module_path == exc.name or module_path.startswith(exc.name + ".")):
-            raise PolicyLoadError(f"policy spec {spec!r}: no module named {module_path!r}") from None
-        raise PolicyLoadError(
-            f"policy spec {spec!r}: module {module_path!r} needs {exc.name!r}, which is not installed"
+            raise error(f"{kind} spec {spec!r}: no module named {module_path!r}") from None
+        raise error(
+            f"{kind} spec {spec!r}: module {module_path!r} needs {exc.name!r}, which is not installed"
         ) from exc
     except Exception as exc:
-        raise PolicyLoadError(
-            f"policy spec {spec!r}: importing {module_path!r} failed: {type(exc).__name__}: {exc}"
+        raise error(
+            f"{kind} spec {spec!r}: importing {module_path!r} failed: {type(exc).__name__}: {exc}"
         ) from exc
 
 
@@ -48,7 +51,7 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
         if os.path.isdir(spec):
             hint = f"; to serve a LeRobot checkpoint directory use 'lerobot:{spec}'"
         raise PolicyLoadError(f"policy spec {spec!r} must look like 'package.module:factory'{hint}")
-    module = _import_module(module_path, spec)
+    module = import_spec_module(spec, module_path, "policy", PolicyLoadError)
     target: Any = module
     for part in attr.split("."):
         if not hasattr(target, part):

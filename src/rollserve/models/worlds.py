@@ -7,12 +7,12 @@ cheap enough for tests and benchmarks of the serving layer itself.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from rollserve.models.loading import import_spec_module
 from rollserve.models.world import (
     DROID_ACTION_NAMES,
     WorldInit,
@@ -125,18 +125,7 @@ def load_world(spec: str) -> WorldModel:
 
 def _world_factory(spec: str, module_name: str, attr: str) -> Any:
     """The factory ``module_name:attr`` names; import problems become ``WorldLoadError``."""
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise WorldLoadError(f"world spec {spec!r}: no module named {module_name!r}") from None
-        raise WorldLoadError(
-            f"world spec {spec!r}: module {module_name!r} needs {exc.name!r}, which is not installed"
-        ) from exc
-    except Exception as exc:
-        raise WorldLoadError(
-            f"world spec {spec!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
-        ) from exc
+    module = import_spec_module(spec, module_name, "world", WorldLoadError)
     if not hasattr(module, attr):
         raise WorldLoadError(f"world spec {spec!r}: {module_name!r} has no attribute {attr!r}")
     factory = getattr(module, attr)
