@@ -78,3 +78,10 @@ def test_clear_forgets_everything() -> None:
     queue.get()
     queue.clear()
     assert queue.get() is None and queue.get_left_over() is None and queue.get_action_index() == 0
+
+
+def test_a_delay_left_to_the_queue_needs_the_index_it_counts_from() -> None:
+    queue = ActionQueue(RTCConfig(enabled=True, execution_horizon=4))
+    chunk = np.arange(10, dtype=np.float32).reshape(10, 1)
+    with pytest.raises(ValueError, match=r"^real_delay=None needs action_index_before_inference$"):
+        queue.merge(chunk, chunk, None, None)
