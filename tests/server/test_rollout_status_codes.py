@@ -131,6 +131,8 @@ class Cases:
             ("invalid_request", "create"): lambda: self.http.post(
                 "/v1/realtime/sessions", json={"model": "toy", "seed": -1}
             ),
+            ("invalid_request", "reset"): lambda: self.post(self.create(), "reset", json={"seed": -1}),
+            ("invalid_request", "fork"): lambda: self.post(self.create(), "fork", json={"session_id": 5}),
             ("step_already_committed", "step"): lambda: self.post(
                 self.committed(2), "step", json=step_body(0)
             ),
@@ -161,7 +163,15 @@ class Cases:
             ("payload_too_large", "create"): lambda: self.http.post(
                 "/v1/realtime/sessions", json={"model": "toy", "pad": "x" * LIMIT * 2}
             ),
+            ("payload_too_large", "reset"): lambda: self.post(
+                self.create(), "reset", json={"seed": 0, "pad": "x" * LIMIT * 2}
+            ),
+            ("payload_too_large", "fork"): lambda: self.post(
+                self.create(), "fork", json={"session_id": "f", "pad": "x" * LIMIT * 2}
+            ),
             ("unsupported_media_type", "step"): lambda: self.post(self.create(), "step", **form),
+            ("unsupported_media_type", "reset"): lambda: self.post(self.create(), "reset", **form),
+            ("unsupported_media_type", "fork"): lambda: self.post(self.create(), "fork", **form),
             ("unsupported_media_type", "create"): lambda: self.http.post("/v1/realtime/sessions", **form),
             ("inference_error", "step"): lambda: self.post(
                 self.committed(), "step", json=step_body(1, BROKEN)
