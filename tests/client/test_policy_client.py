@@ -147,3 +147,21 @@ def test_a_connection_over_the_address_limit_reads_as_unavailable() -> None:
 def test_other_text_frames_are_malformed() -> None:
     assert policy_client._text_error("hello").code == "malformed_frame"
     assert policy_client._text_error("bad_field: x").code == "malformed_frame"  # only refusals come as text
+
+
+def test_an_open_without_an_ack_closes_the_connection() -> None:
+    """A server that never acks: the open times out and the connection is closed, so a late ack
+    can never be read as the answer to a later open."""
+    from websockets.sync.server import serve
+
+    received: list[bytes] = []
+    with serve(lambda ws: received.extend(ws), "127.0.0.1", 0) as silent:
+        threading.Thread(target=silent.serve_forever, daemon=True).start()
+        port = silent.socket.getsockname()[1]
+        client = PolicyClient(f"ws://127.0.0.1:{port}/v1/policy/ws", timeout=0.3).connect()
+        with pytest.raises(TimeoutError):
+            client.open_session()
+        with pytest.raises(PolicyConnectionError, match="not connected"):
+            client.open_session()
+        silent.shutdown()
+    assert len(received) == 1  # the first open reached the server; the second was never sent

@@ -155,13 +155,20 @@ class PolicyClient:
         rtc_enabled: bool = True,
         task: str = "",
     ) -> SessionAck:
-        """Open (or reopen, bumping the epoch) this client's session; raises :class:`SessionRejected`."""
+        """Open (or reopen, bumping the epoch) this client's session; raises :class:`SessionRejected`.
+
+        With no ack in ``timeout`` it closes the connection and raises ``TimeoutError``: acks carry no
+        sequence number, so a late one would be taken for the answer to the next open."""
         request = SessionOpen(
             client_uuid=self.client_uuid, robot_type=robot_type, action_names=list(action_names),
             camera_names=list(camera_names), state_dim=state_dim, fps=fps, rtc_enabled=rtc_enabled, task=task,
         )  # fmt: skip
         self._send(request)
-        ack = self._wait_for(lambda msg: isinstance(msg, SessionAck), None)
+        try:
+            ack = self._wait_for(lambda msg: isinstance(msg, SessionAck), None)
+        except TimeoutError:
+            self.close()
+            raise
         assert isinstance(ack, SessionAck)
         if not ack.accepted:
             raise SessionRejected(ack)
