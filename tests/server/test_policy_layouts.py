@@ -69,3 +69,34 @@ def test_missing_cameras_and_descriptions() -> None:
     assert detect_layout({"observation/joint_position": 0, "state": 0}) == "droid"
     assert describe_layout("libero")["state_keys"] == ["observation/state"]
     assert describe_layout("auto")["detects"] == ["droid", "aloha", "libero"]
+
+
+def _distinct(value: int) -> np.ndarray:
+    return np.full((4, 4, 3), value, np.uint8)
+
+
+def test_cameras_that_match_by_name_keep_their_images() -> None:
+    """Only the policy's cameras without an image of their name take the remaining images, in the
+    layout's order: a matching camera never gets another camera's image."""
+    agent, wrist = _distinct(1), _distinct(2)
+    libero = {"observation/state": np.zeros(8), "observation/image": agent, "observation/wrist_image": wrist}
+    images = to_observation(libero, "libero", ("wrist_image", "agentview"))[0]["images"]
+    assert list(images) == ["wrist_image", "agentview"]
+    assert images["wrist_image"] is wrist and images["agentview"] is agent
+    low, high = _distinct(3), _distinct(4)
+    aloha = {"state": np.zeros(2), "images": {"cam_low": low, "cam_high": high}}
+    images = to_observation(aloha, "aloha", ("cam_high", "cam_left_wrist"))[0]["images"]
+    assert images["cam_high"] is high and images["cam_left_wrist"] is low
+    # a policy with names of its own still gets the layout's images in order
+    images = to_observation(libero, "libero", ("front", "hand"))[0]["images"]
+    assert images["front"] is agent and images["hand"] is wrist
+
+
+def test_a_layout_camera_the_client_did_not_send_is_missing_not_filled() -> None:
+    droid = {
+        "observation/joint_position": np.zeros(7),
+        "observation/gripper_position": np.zeros(1),
+        "observation/wrist_image_left": _distinct(5),
+    }
+    with pytest.raises(LayoutError, match="needs 1 camera"):
+        to_observation(droid, "droid", ("exterior_image_1_left",))

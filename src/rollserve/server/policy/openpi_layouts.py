@@ -101,6 +101,7 @@ LAYOUTS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
     "aloha": aloha,
     "libero": libero,
 }
+LAYOUT_CAMERAS = {"droid": tuple(DROID_IMAGES.values()), "aloha": (), "libero": tuple(LIBERO_IMAGES.values())}
 _STATE_KEYS = {"droid": DROID_STATE, "aloha": ("state",), "libero": LIBERO_STATE}
 _IMAGE_KEYS = {"droid": tuple(DROID_IMAGES), "aloha": ("images/<camera>",), "libero": tuple(LIBERO_IMAGES)}
 
@@ -119,15 +120,24 @@ def detect_layout(obs: Mapping[str, Any]) -> str:
     )
 
 
-def match_cameras(images: dict[str, np.ndarray], expected: Sequence[str]) -> dict[str, np.ndarray]:
-    """Name the images as the policy does: by name when they match, else in the layout's order."""
+def match_cameras(
+    images: dict[str, np.ndarray], expected: Sequence[str], layout_cameras: Sequence[str] = ()
+) -> dict[str, np.ndarray]:
+    """Name the images as the policy does: by name where the names match; the policy's other
+    cameras take the remaining images in the layout's order. An image goes to a camera of another
+    name only when that camera is not one the layout knows: a camera the layout names but the client
+    did not send is missing, never filled with another camera's image."""
     if not expected or all(cam in images for cam in expected):
         return images
-    if len(images) < len(expected):
+    unfilled = [cam for cam in expected if cam not in images]
+    missing = [cam for cam in unfilled if cam in layout_cameras]
+    spare = [image for cam, image in images.items() if cam not in expected]
+    if missing or len(spare) < len(unfilled):
         raise LayoutError(
             f"policy needs {len(expected)} camera image(s) {list(expected)}, got {sorted(images)}"
         )
-    return dict(zip(expected, images.values(), strict=False))
+    filled = dict(zip(unfilled, spare, strict=False))
+    return {cam: images[cam] if cam in images else filled[cam] for cam in expected}
 
 
 def to_observation(
@@ -140,7 +150,7 @@ def to_observation(
     if name not in LAYOUTS:
         raise LayoutError(f"unknown layout {name!r}; choose one of {(AUTO, *LAYOUT_NAMES)}")
     observation = LAYOUTS[name](obs)
-    observation["images"] = match_cameras(observation["images"], camera_names)
+    observation["images"] = match_cameras(observation["images"], camera_names, LAYOUT_CAMERAS[name])
     return observation, name
 
 
