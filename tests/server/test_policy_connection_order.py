@@ -11,6 +11,8 @@ client (real server, real websockets).
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -99,3 +101,44 @@ def test_a_session_request_slower_than_the_idle_timeout_is_answered() -> None:
         with pytest.raises(ConnectionClosed) as info:
             ws.recv(timeout=10)
         assert info.value.rcvd is not None and info.value.rcvd.code == 1001
+
+
+class _HeldPolicy(ChunkPolicy):
+    """Model calls wait until ``free`` is set (a model slower than anything the test waits for)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.free = threading.Event()
+        self.calls = threading.Event()
+
+    def predict_action_chunks(self, requests: Any) -> list[np.ndarray]:
+        self.calls.set()
+        self.free.wait(30)
+        return super().predict_action_chunks(requests)
+
+
+def test_an_openpi_client_that_leaves_mid_request_is_let_go_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    """The server stops waiting for the answer of a client that went away (a client's timeout, or
+    a server shutting down, which closes every socket): its session is released while the model
+    still runs, and the answer is not sent to a closed socket (no ASGI traceback in the log)."""
+    policy = _HeldPolicy()
+    config = ServerSettings(max_batch_wait_ms=0.0, inline_below_ms=0.0)
+    service = PolicyService(policy, config)
+    try:
+        with serving(create_app(config, policy=service)) as server:
+            with _connected(server) as ws:
+                msgpack_numpy.unpackb(ws.recv(timeout=10))
+                ws.send(msgpack_numpy.packb({"state": STATE}))
+                assert policy.calls.wait(10)
+            deadline = time.monotonic() + 10
+            while len(service.sessions) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(service.sessions) == 0 and not policy.free.is_set()  # released, model still busy
+            policy.free.set()
+            with _connected(server) as ws:  # and the server keeps serving
+                msgpack_numpy.unpackb(ws.recv(timeout=10))
+                ws.send(msgpack_numpy.packb({"state": STATE}))
+                assert msgpack_numpy.unpackb(ws.recv(timeout=10))["actions"].shape == (20, 6)
+    finally:
+        policy.free.set()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

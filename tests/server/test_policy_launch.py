@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import queue
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -184,3 +185,20 @@ def test_serve_on_asyncios_own_loop(tmp_path: Path) -> None:
             client.open_session(state_dim=8, camera_names=CAMERAS)
             chunk = client.predict(np.zeros(8, np.float32), _images(), task="pick")
             assert chunk.chunk_robot.shape == (10, 8)
+
+
+def test_ctrl_c_shuts_down_cleanly_with_exit_0(tmp_path: Path) -> None:
+    """Ctrl-C: a graceful shutdown, exit status 0 and no traceback (uvicorn raises the interrupt
+    again after shutting down; ``rollserve serve`` treats a finished shutdown as success)."""
+    command = [sys.executable, "-m", "rollserve.cli", "serve", "--world", "toy", "--port", "0"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert READY.search(proc.stdout.readline() if proc.stdout else "")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "Application shutdown complete" in err and "Traceback" not in err

@@ -204,4 +204,7 @@ def run_foreground(  # type: ignore[no-untyped-def]
                 on_started()
 
         threading.Thread(target=announce, name="rollserve-announce", daemon=True).start()
-    server.run(sockets=[sock])
+    # uvicorn shuts down on the first Ctrl-C, then raises it again for its caller, which
+    # ``uvicorn.run`` swallows: a finished shutdown is no error to report (exit 0, no traceback).
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=[sock])

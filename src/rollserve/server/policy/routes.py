@@ -74,6 +74,8 @@ _INLINE_CONTAINERS = 2048  # a real observation has tens; a flood bails out afte
 _DISCONNECT = "websocket.disconnect"
 # errors that are not the client's input at fault (or that a correct client meets in a race):
 # they never slow a connection down
+_GONE = object()  # an openpi request whose client went away before its answer
+
 _NOT_PENALISED = frozenset({INFERENCE_ERROR, UNAVAILABLE, STALE_EPOCH, UNKNOWN_SESSION})
 
 
@@ -384,38 +386,71 @@ class _OpenpiSocket:
 
     async def _serve(self, idle: IdleWatch) -> None:
         seq_id, prev_total_ms = 0, 0.0
-        while True:
-            await self.refusals.wait()
-            if (message := await self.ws.receive())["type"] == _DISCONNECT:
-                break
-            idle.touch()
-            started = time.perf_counter()
-            if self.session is None:
-                self.session = self._open()
+        pending: asyncio.Future[Any] | None = None  # a read started while a request ran on the engine
+        try:
+            while True:
+                await self.refusals.wait()
+                message = await pending if pending is not None else await self.ws.receive()
+                pending = None
+                if message["type"] == _DISCONNECT:
+                    break
+                idle.touch()
+                started = time.perf_counter()
                 if self.session is None:
-                    await self._refuse(self.open_refusal)
-                    return
-            seq_id += 1
-            METRICS.count_request(self.route)
-            self.answering = True
-            try:
-                async with self.refusals.lane():
-                    reply = await self._answer(self.session, message.get("bytes"), seq_id)
-            finally:
-                self.answering = False
-                idle.touch()  # idle from the answer on, not from the request: a slow model is no idle client
-            if reply is None:
-                continue
-            _observe_timings(reply)
-            self.refusals.judge(None)
-            timing = {
-                "infer_ms": reply.inference_ms,
-                "queue_wait_ms": reply.queue_wait_ms,
-                "batch_size": reply.batch_size,
-                "prev_total_ms": prev_total_ms,
-            }
-            await self.ws.send_bytes(packb({"actions": reply.chunk_robot, "server_timing": timing}))
-            prev_total_ms = (time.perf_counter() - started) * 1000.0
+                    self.session = self._open()
+                    if self.session is None:
+                        await self._refuse(self.open_refusal)
+                        return
+                seq_id += 1
+                METRICS.count_request(self.route)
+                self.answering = True
+                try:
+                    async with self.refusals.lane():
+                        if self.service.worker.runs_inline_now():  # done at once: nothing to listen for
+                            reply = await self._answer(self.session, message.get("bytes"), seq_id)
+                        else:
+                            reply, pending = await self._answer_listening(self.session, message, seq_id)
+                finally:
+                    self.answering = False
+                    idle.touch()  # idle from the answer on: a slow model is no idle client
+                if reply is _GONE:
+                    break
+                if reply is None:
+                    continue
+                _observe_timings(reply)
+                self.refusals.judge(None)
+                timing = {
+                    "infer_ms": reply.inference_ms,
+                    "queue_wait_ms": reply.queue_wait_ms,
+                    "batch_size": reply.batch_size,
+                    "prev_total_ms": prev_total_ms,
+                }
+                await self._send_bytes(packb({"actions": reply.chunk_robot, "server_timing": timing}))
+                prev_total_ms = (time.perf_counter() - started) * 1000.0
+        finally:
+            if pending is not None:
+                pending.cancel()
+
+    async def _answer_listening(
+        self, session: PolicySession, message: dict[str, Any], seq_id: int
+    ) -> tuple[Any, asyncio.Future[Any]]:
+        """A request answered on the engine thread while the socket is read: a client that goes
+        away, or a server shutting down (which closes every socket), stops the wait instead of
+        waiting out the model. Returns the reply (``_GONE`` once the client left) and the read,
+        which holds the next request of a client that sent one before its answer."""
+        answer = asyncio.ensure_future(self._answer(session, message.get("bytes"), seq_id))
+        listen = asyncio.ensure_future(self.ws.receive())
+        await asyncio.wait((answer, listen), return_when=asyncio.FIRST_COMPLETED)
+        if not answer.done() and listen.result()["type"] == _DISCONNECT:
+            answer.cancel()
+            return _GONE, listen
+        return await answer, listen
+
+    async def _send_bytes(self, data: bytes) -> None:
+        try:
+            await self.ws.send_bytes(data)
+        except Exception:  # the client went away; the next read sees the disconnect
+            logger.debug("could not send to a closed openpi websocket", exc_info=True)
 
     async def _answer(self, session: PolicySession, data: bytes | None, seq_id: int) -> ActionChunkMsg | None:
         """The chunk, or None once the refusal was sent."""
@@ -444,4 +479,7 @@ class _OpenpiSocket:
     async def _error(self, code: str, message: str) -> None:
         METRICS.count_error(self.route, code)
         self.refusals.judge(code)
-        await self.ws.send_text(f"{code}: {message}")
+        try:
+            await self.ws.send_text(f"{code}: {message}")
+        except Exception:  # the client went away; the next read sees the disconnect
+            logger.debug("could not send to a closed openpi websocket", exc_info=True)
