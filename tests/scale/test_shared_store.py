@@ -22,6 +22,7 @@ from rollserve.scale.table import SessionTable, change_of, to_record
 from rollserve.server.rollout.protocol import (
     BatchStepItem,
     BatchStepRequest,
+    CreateSessionRequest,
     ForkSessionRequest,
     ResetSessionRequest,
 )
@@ -93,19 +94,22 @@ def test_table_commit_is_a_compare_and_set() -> None:
     sid = table.claim("s")[1]
     session = RolloutSession(sid, "toy", "m", 0.0, "s0", "s0", np.zeros(2), np.random.default_rng(0))
     assert table.insert(to_record(session))[0] == "ok"
-    assert table.commit(sid, _commit((0, -1), 0))[0] == "ok"
-    loser = table.commit(sid, _commit((0, -1), 0))  # the same base again: someone committed since
+    this = session.incarnation
+    assert table.commit(sid, _commit((0, -1), 0), this)[0] == "ok"
+    loser = table.commit(sid, _commit((0, -1), 0), this)  # the same base again: someone committed since
     assert loser[0] == "conflict" and loser[1]["committed_step_id"] == 0 and loser[1]["state"] == "state0"
-    assert table.commit(sid, _commit((0, 1), 2))[0] == "conflict"  # a base from the future
-    assert table.commit(sid, _commit((1, 0), 1))[0] == "conflict"  # another epoch (a reset)
-    assert table.commit(sid, _commit((0, 0), 1))[0] == "ok"
-    assert (table.commits, table.conflicts) == (2, 3)
-    assert table.open(sid, False, (0, 1))[1].keys() == {
+    assert table.commit(sid, _commit((0, 1), 2), this)[0] == "conflict"  # a base from the future
+    assert table.commit(sid, _commit((1, 0), 1), this)[0] == "conflict"  # another epoch (a reset)
+    assert table.commit(sid, _commit((0, 0), 1), "earlier")[0] == "conflict"  # an earlier session's id
+    assert table.commit(sid, _commit((0, 0), 1), this)[0] == "ok"
+    assert (table.commits, table.conflicts) == (2, 4)
+    assert table.open(sid, False, (this, 0, 1))[1].keys() == {
         "epoch", "committed_step_id", "context_length", "closed_reason", "last_used"
     }  # fmt: skip
-    assert table.open(sid, False, (0, 0))[1]["state"] == "state1"  # a stale copy gets the whole record
+    assert table.open(sid, False, (this, 0, 0))[1]["state"] == "state1"  # a stale copy gets the whole record
+    assert table.open(sid, False, ("earlier", 0, 1))[1]["incarnation"] == this  # so does another session's
     table.retire(sid)
-    assert table.commit(sid, _commit((0, 1), 2))[1]["closed_reason"] == "closed"
+    assert table.commit(sid, _commit((0, 1), 2), this)[1]["closed_reason"] == "closed"
 
 
 # -- replicas racing ----------------------------------------------------------------------------------
@@ -215,3 +219,98 @@ async def test_batch_step_is_one_model_call_per_replica_for_its_items(pair) -> N
     ra, rb = await asyncio.gather(a.batch_step(first), b.batch_step(second))
     assert all(r.status == "ok" for r in ra.results + rb.results)
     assert [len(c) for c in worlds[0].step_calls] == [2] and [len(c) for c in worlds[1].step_calls] == [2]
+
+
+# -- a client-chosen id used again: a replica's view of the earlier session must never serve it ------
+def _evict_tombstones(table: SessionTable) -> None:
+    """Other sessions come and go until every earlier tombstone is evicted (4,096 are kept)."""
+    for i in range(4097):
+        session = RolloutSession(f"o{i}", "toy", "m", 0.0, None, None, np.zeros(2), np.random.default_rng(0))
+        table.insert(to_record(session))
+        table.retire(f"o{i}")
+
+
+async def _gone_and_made_again(gone: str, a: RolloutService, b: RolloutService, table: SessionTable) -> None:
+    """``x`` ends behind ``a``'s back (the table actor restarts empty, or it is closed on ``b`` and its
+    tombstone evicted); the client then creates ``x`` again on ``b``."""
+    if gone == "table_restarted":
+        a.store._call.table = b.store._call.table = SessionTable(8, 600.0)
+    else:
+        await b.close_session("x")
+        _evict_tombstones(table)
+    await b.create_session(CreateSessionRequest(model="toy", seed=7, session_id="x"))
+
+
+@pytest.mark.parametrize("gone", ["table_restarted", "tombstone_evicted"])
+async def test_a_stale_view_never_serves_a_new_session_with_the_same_id(gone: str) -> None:
+    table = SessionTable(8, 600.0)
+    a, b = replica(ToyWorld(), LocalTable(table)), replica(ToyWorld(), LocalTable(table))
+    alone = replica(ToyWorld(), LocalTable(SessionTable(8, 600.0)))  # one process: the reference
+    try:
+        await a.create_session(CreateSessionRequest(model="toy", seed=1, session_id="x"))
+        for t in range(3):
+            await a.step("x", step_req(t, 0.9))  # a's view: the first x at (epoch 0, step 2)
+        await _gone_and_made_again(gone, a, b, table)
+        await alone.create_session(CreateSessionRequest(model="toy", seed=7, session_id="x"))
+        for t in range(3):  # the new x reaches the same counters as a's stale view
+            await b.step("x", step_req(t, 0.1))
+            await alone.step("x", step_req(t, 0.1))
+        retry, want_retry = await a.step("x", step_req(2, 0.1)), await alone.step("x", step_req(2, 0.1))
+        assert retry.replayed and want_retry.replayed  # the retry replays the new x's stored result
+        assert retry.next_observation == want_retry.next_observation
+        got, want = await a.step("x", step_req(3, 0.1)), await alone.step("x", step_req(3, 0.1))
+        assert got.error is None and got.next_observation == want.next_observation
+    finally:
+        for svc in (a, b, alone):
+            svc.close()
+
+
+async def test_a_step_planned_on_an_earlier_session_with_the_id_commits_nothing_into_the_new_one() -> None:
+    table = SessionTable(8, 600.0)
+    a, b = replica(ToyWorld(), LocalTable(table)), replica(ToyWorld(), LocalTable(table))
+    alone = replica(ToyWorld(), LocalTable(SessionTable(8, 600.0)))
+    a.store._call.commit_barrier = asyncio.Barrier(2)
+    try:
+        await a.create_session(CreateSessionRequest(model="toy", seed=1, session_id="x"))
+        for t in range(3):
+            await b.step("x", step_req(t, 0.9))
+
+        async def made_again_meanwhile() -> None:
+            while a.store._call.calls[-1:] != ["commit"]:  # a's step 3 ran and waits to commit
+                await asyncio.sleep(0.001)
+            await _gone_and_made_again("tombstone_evicted", a, b, table)
+            for t in range(3):
+                await b.step("x", step_req(t, 0.1))
+            await a.store._call.commit_barrier.wait()
+
+        stale, _ = await asyncio.gather(a.step("x", step_req(3, 0.9)), made_again_meanwhile())
+        assert stale.error is not None and stale.error.code == "step_out_of_order"
+        assert (await b.get_status("x")).committed_step_id == 2  # the new x did not move
+        await alone.create_session(CreateSessionRequest(model="toy", seed=7, session_id="x"))
+        for t in range(3):
+            await alone.step("x", step_req(t, 0.1))
+        got, want = await b.step("x", step_req(3, 0.1)), await alone.step("x", step_req(3, 0.1))
+        assert got.error is None and got.next_observation == want.next_observation
+    finally:
+        for svc in (a, b, alone):
+            svc.close()
+
+
+# -- a redeploy's limits ------------------------------------------------------------------------------
+def _fill(table: SessionTable, *ids: str) -> list[str]:
+    """Insert a session per id; each answer's first element ("ok" or "error")."""
+    answers = []
+    for sid in ids:
+        session = RolloutSession(sid, "toy", "m", 0.0, "s0", "s0", np.zeros(2), np.random.default_rng(0))
+        answers.append(table.insert(to_record(session))[0])
+    return answers
+
+
+def test_a_new_deploys_capacity_and_ttl_hold_on_the_running_table() -> None:
+    now = [0.0]
+    table = SessionTable(2, 600.0, clock=lambda: now[0])
+    assert _fill(table, "a", "b", "c") == ["ok", "ok", "error"]
+    table.configure(100, 5.0)  # a redeploy: the table and its sessions stay, the limits are the new ones
+    assert _fill(table, "c") == ["ok"] and table.stats()["capacity"] == 100
+    now[0] = 6.0
+    assert table.count() == 0  # idle past the new TTL

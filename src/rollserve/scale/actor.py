@@ -14,6 +14,7 @@ run and ~0.2-1 ms per round trip, the same as the actor's. docs/scale-out.md has
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 import ray
@@ -32,14 +33,23 @@ class CommittedStateActor:
     def __init__(self, capacity: int, idle_ttl_s: float) -> None:
         self.table = SessionTable(capacity, idle_ttl_s)
         self.reports: dict[str, tuple[float, bytes]] = {}
+        self.started = uuid.uuid4().hex  # new on every (re)start: how replicas see a restart
+
+    def configure(self, capacity: int, idle_ttl_s: float) -> str:
+        """A deploy's limits; returns :attr:`started`. Ray restarts the actor with the arguments it
+        was first created with (an earlier deploy's), so replicas configure it again after a restart."""
+        self.table.configure(capacity, idle_ttl_s)
+        return self.started
 
     def call(self, method: str, *args: Any) -> Any:
         if method not in TABLE_METHODS:
             raise ValueError(f"no table method {method!r}")
         return getattr(self.table, method)(*args)
 
-    def report(self, replica: str, metrics_text: bytes) -> None:
+    def report(self, replica: str, metrics_text: bytes) -> str:
+        """Keep a replica's metrics; returns :attr:`started`, so the replica sees a restart."""
         self.reports[replica] = (time.monotonic(), metrics_text)
+        return self.started
 
     def replicas(self) -> dict[str, bytes]:
         """The live replicas' latest metrics (exposition text), by replica id."""
@@ -49,7 +59,9 @@ class CommittedStateActor:
 
 
 def table_actor(name: str, capacity: int, idle_ttl_s: float) -> Any:
-    """The deployment's actor, created by whichever replica asks first."""
+    """The deployment's actor, created by whichever replica asks first. It is detached, so it outlives
+    ``serve.delete``: a redeploy finds it running, its sessions kept, with the limits it was created
+    with, which is why each replica also ``configure``s it with its own."""
     return CommittedStateActor.options(  # type: ignore[attr-defined]
         name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
     ).remote(capacity, idle_ttl_s)

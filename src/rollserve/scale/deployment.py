@@ -9,17 +9,21 @@ application builder, used by ``rollserve serve --ray`` and by ``serve deploy`` c
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import ray
 from ray import serve
 
+from rollserve.cli import non_negative_float, non_negative_int, positive_float, positive_int
 from rollserve.scale.actor import table_actor, table_call
+from rollserve.scale.launch import HTTP_OPTIONS_SETTINGS, PROXY_OWNED_SETTINGS, proxy_owned_refusal
 from rollserve.scale.metrics import merge_reports
 from rollserve.scale.store import SharedRolloutStore
 from rollserve.server.metrics import METRICS
@@ -34,6 +38,59 @@ REPORT_EVERY_S = 2.0
 
 SERVICE_KEYS = ("policy", "policy_kwargs", "world", "world_policy", "execution_horizon", "openpi_layout")
 DEFAULT_TABLE = "rollserve-committed-state"
+# Each setting's check is its CLI flag's (a config file's args must not pass what the flag refuses)
+SETTING_CHECKS: dict[str, Callable[[str], Any]] = {
+    "max_batch_size": positive_int,
+    "max_batch_wait_ms": non_negative_float,
+    "inline_below_ms": non_negative_float,
+    "max_policy_sessions": positive_int,
+    "policy_idle_timeout_s": positive_float,
+    "max_connections_per_client": positive_int,
+    "max_rollout_sessions": positive_int,
+    "rollout_idle_ttl_s": positive_float,
+    "max_body_bytes": positive_int,
+    "max_json_values": positive_int,
+    "refusal_delay_ms": non_negative_float,
+    "refusal_delay_max_ms": non_negative_float,
+    "refused_connection_lanes": non_negative_int,
+    "max_frame_bytes": positive_int,
+}
+# The Serve deployment's own args: (default, check)
+DEPLOYMENT_ARGS: dict[str, tuple[Any, Callable[[str], Any]]] = {
+    "replicas": (1, positive_int),
+    "replica_cpus": (1.0, non_negative_float),
+    "replica_gpus": (0.0, non_negative_float),
+}
+SETTING_NAMES = {f.name for f in fields(ServerSettings)} - {"limits"} | {"max_frame_bytes"}
+NOT_FOR_REPLICAS = ("limits", *PROXY_OWNED_SETTINGS, *HTTP_OPTIONS_SETTINGS)
+
+
+def checked(name: str, value: Any, check: Callable[[str], Any]) -> Any:
+    """``value`` as its CLI flag's check reads it, or a ``ValueError`` naming ``name``."""
+    try:
+        return check(str(value))
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+
+
+def checked_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` (ServerSettings fields by name) with the CLI's checks applied. Refused: unknown
+    names, and those a replica never applies under Serve (the proxy's) given a non-default value."""
+    unknown = sorted(set(settings) - SETTING_NAMES)
+    if unknown:
+        keys = ", ".join((*SERVICE_KEYS, "table_name", *DEPLOYMENT_ARGS))
+        raise ValueError(f"unknown args {', '.join(unknown)}: not {keys}, nor a ServerSettings field")
+    defaults = ServerSettings()
+    owned = [n for n in PROXY_OWNED_SETTINGS if n in settings and settings[n] != getattr(defaults, n)]
+    if owned:
+        raise ValueError(proxy_owned_refusal(owned, "Ray Serve"))
+    http = [n for n in HTTP_OPTIONS_SETTINGS if n in settings and settings[n] != getattr(defaults, n)]
+    if http:
+        raise ValueError(
+            f"{', '.join(http)} cannot apply as an application's args: Ray Serve's proxy takes them "
+            "from the config's http_options (docs/scale-out.md)"
+        )
+    return {n: checked(n, v, SETTING_CHECKS[n]) if n in SETTING_CHECKS else v for n, v in settings.items()}
 
 
 @dataclass(frozen=True)
@@ -54,28 +111,38 @@ class ReplicaConfig:
     table_name: str = DEFAULT_TABLE
     settings: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """Refuse once, in the builder, what every replica would otherwise ignore or die on."""
+        if not (self.policy or self.world):
+            raise ValueError("the app serves nothing: give policy or world (or both)")
+        checked_settings(self.settings)
+
     def server_settings(self) -> ServerSettings:
-        values = dict(self.settings)
+        values = checked_settings(self.settings)
         limits = WireLimits(max_frame_bytes=int(values.pop("max_frame_bytes", WireLimits().max_frame_bytes)))
         return ServerSettings(**values, limits=limits)
 
     @staticmethod
     def settings_of(settings: ServerSettings) -> dict[str, Any]:
-        """The fields a replica needs from the CLI's settings (its host and port are Serve's)."""
-        values = {f.name: getattr(settings, f.name) for f in fields(settings)}
-        for name in ("host", "port", "limits"):
-            values.pop(name)
+        """The fields a replica needs from the CLI's settings (the connection settings are the proxy's:
+        the CLI refuses their flags itself, or gives them to the proxy)."""
+        values = {
+            f.name: getattr(settings, f.name) for f in fields(settings) if f.name not in NOT_FOR_REPLICAS
+        }
         return {**values, "max_frame_bytes": settings.limits.max_frame_bytes}
 
 
 class _Deployment:
-    """``create_app``'s view of the whole deployment (``/metrics``, ``/v1/models``)."""
+    """``create_app``'s view of the whole deployment (``/metrics``, ``/v1/models``), and what keeps
+    the table on this deploy's ``limits`` (capacity, idle TTL)."""
 
-    def __init__(self, replica_id: str, actor: Any, has_rollout: bool) -> None:
+    def __init__(self, replica_id: str, actor: Any, has_rollout: bool, limits: tuple[int, float]) -> None:
         self.replica_id, self.actor, self.has_rollout = replica_id, actor, has_rollout
+        self.limits = limits
+        self.configured: str | None = None  # the actor start this replica last configured
 
     async def metrics(self) -> tuple[bytes, str]:
-        await self.actor.report.remote(self.replica_id, METRICS.render()[0])  # this one, fresh
+        await self.report()  # this one, fresh
         reports = await self.actor.replicas.remote()
         stats = await self.actor.call.remote("stats") if self.has_rollout else {}
         return merge_reports(reports, stats), "text/plain; version=0.0.4; charset=utf-8"
@@ -91,10 +158,19 @@ class _Deployment:
             facts["rollout_sessions"] = await self.actor.call.remote("stats")
         return facts
 
+    async def report(self) -> None:
+        """Send this replica's metrics; give the actor this deploy's limits when it has not had them:
+        on the replica's start (a redeploy's new limits) and after Ray restarted it (with the
+        arguments of the deploy that created it). Only then, so an old replica still running in a
+        rolling update does not undo a newer deploy's limits every report."""
+        started = await self.actor.report.remote(self.replica_id, METRICS.render()[0])
+        if started != self.configured:
+            self.configured = await self.actor.configure.remote(*self.limits)
+
     async def report_forever(self) -> None:
         while True:
             with contextlib.suppress(Exception):  # the actor restarting must not kill the replica
-                await self.actor.report.remote(self.replica_id, METRICS.render()[0])
+                await self.report()
             await asyncio.sleep(REPORT_EVERY_S)
 
 
@@ -107,8 +183,8 @@ class RollserveReplica:
 
         cfg = ReplicaConfig(**config)
         settings = cfg.server_settings()
-        capacity = settings.max_rollout_sessions
-        actor = table_actor(cfg.table_name, capacity, settings.rollout_idle_ttl_s)
+        capacity, ttl = settings.max_rollout_sessions, settings.rollout_idle_ttl_s
+        actor = table_actor(cfg.table_name, capacity, ttl)
         store = SharedRolloutStore(table_call(actor), capacity) if cfg.world else None
         self.policy, self.rollout = load_services(
             cfg.policy, cfg.world, settings, policy_kwargs=cfg.policy_kwargs,
@@ -116,7 +192,8 @@ class RollserveReplica:
             world_policy=cfg.world_policy, store=store,
         )  # fmt: skip
         replica_id = serve.get_replica_context().replica_id.unique_id
-        self.view = _Deployment(replica_id, actor, self.rollout is not None)
+        self.view = _Deployment(replica_id, actor, self.rollout is not None, (capacity, ttl))
+        await self.view.report()  # the table takes this deploy's limits before a request comes
         self._reporter = asyncio.get_running_loop().create_task(self.view.report_forever())
         self.settings = settings
         logger.info("replica %s up (pid %d)", replica_id, os.getpid())
@@ -135,11 +212,10 @@ def build_app(args: dict[str, Any]) -> Any:
     ``replica_gpus`` (0); any other key is a :class:`ServerSettings` field (or ``max_frame_bytes``).
     """
     args = dict(args)
-    replicas = int(args.pop("replicas", 1))
-    cpus, gpus = float(args.pop("replica_cpus", 1.0)), float(args.pop("replica_gpus", 0.0))
+    replicas, cpus, gpus = (checked(k, args.pop(k, d), check) for k, (d, check) in DEPLOYMENT_ARGS.items())
     named = {k: args.pop(k) for k in (*SERVICE_KEYS, "table_name") if k in args}
-    config = asdict(ReplicaConfig(**named, settings=args))
-    ReplicaConfig(**config).server_settings()  # a bad setting fails here, not in every replica
+    config = asdict(ReplicaConfig(**named, settings=args))  # a bad arg fails here, not in every replica
+    ReplicaConfig(**config).server_settings()  # and so do settings that do not make a ServerSettings
     deployment = serve.deployment(
         RollserveReplica,
         name="RollserveReplica",

@@ -50,6 +50,19 @@ PROXY_OWNED_FLAGS = {
     "max_connections": "--max-connections",
     "loop": "--loop",
 }
+# The ServerSettings fields behind them, and the header-size cap (no flag): a Serve config's ``args``
+# giving one a value other than its default is refused as the flags are.
+PROXY_OWNED_SETTINGS = ("header_timeout_s", "max_connections", "event_loop", "max_header_bytes")
+# What the proxy takes from a Serve config's ``http_options`` (the CLI passes them there itself).
+HTTP_OPTIONS_SETTINGS = ("host", "port", "keep_alive_timeout_s")
+
+
+def proxy_owned_refusal(names: list[str], where: str) -> str:
+    """Why ``names`` are refused: one wording for the CLI's flags and a Serve config's args."""
+    return (
+        f"{', '.join(names)} cannot apply with {where}: Ray Serve's proxy owns the HTTP connections "
+        "(docs/scale-out.md, Limits)"
+    )
 
 
 def flags_without_effect(args: argparse.Namespace) -> list[str]:
@@ -64,11 +77,7 @@ def flags_without_effect(args: argparse.Namespace) -> list[str]:
 def serve_on_ray(args: argparse.Namespace, settings: ServerSettings) -> int:
     ignored = flags_without_effect(args)
     if ignored:
-        print(
-            f"rollserve serve: error: {', '.join(ignored)} cannot apply with --ray: Ray Serve's proxy owns "
-            "the HTTP connections (docs/scale-out.md, Limits)",
-            file=sys.stderr,
-        )
+        print(f"rollserve serve: error: {proxy_owned_refusal(ignored, '--ray')}", file=sys.stderr)
         return 2
     try:
         import ray

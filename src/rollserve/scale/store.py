@@ -2,11 +2,12 @@
 
 Each replica keeps a view (a ``RolloutSession`` with its own lock) of the sessions it served. The
 view is only a cache (affinity): every request first asks the table (``open``), which answers
-with the counters alone when the view's ``(epoch, committed_step_id)`` is current and with the
-whole record otherwise. A commit is the table's compare-and-set; when it loses, the view is
-refreshed from the table and ``RolloutService`` checks the request again, so the loser of a race
-gets the stored result just as a duplicate does. Two round trips per step, the state crossing once.
-"""
+with the counters alone when the view's ``(incarnation, epoch, committed_step_id)`` is current and
+with the whole record otherwise (the incarnation because a client may reuse an id once its session
+is gone, and the new session can reach the same counters). A commit is the table's compare-and-set
+(on the incarnation too); when it loses, the view is refreshed from the table and
+``RolloutService`` checks the request again, so the loser of a race gets the stored result just as
+a duplicate does. Two round trips per step, the state crossing once."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from rollserve.scale.table import RECORD_FIELDS, change_of, from_record, to_record
+from rollserve.scale.table import RECORD_FIELDS, change_of, from_record, to_record, view_of
 from rollserve.server.rollout.store import Commit, RolloutError, RolloutSession, apply_commit
 
 COUNT_EVERY_S = 1.0
@@ -42,7 +43,7 @@ class SharedRolloutStore:
 
     async def open(self, session_id: str, *, include_closed: bool = False) -> RolloutSession:
         view = self._views.get(session_id)
-        have = None if view is None or view.closed else (view.epoch, view.committed_step_id)
+        have = None if view is None or view.closed else view_of(view)
         answer = await self._call("open", session_id, include_closed, have)
         if answer[0] == "error" and view is not None:
             self._views.pop(session_id, None)
@@ -57,7 +58,7 @@ class SharedRolloutStore:
         return None if record is None else self._refresh(session_id, record)
 
     async def commit(self, session: RolloutSession, change: Commit) -> bool:
-        answer = await self._call("commit", session.session_id, change_of(change))
+        answer = await self._call("commit", session.session_id, change_of(change), session.incarnation)
         if answer[0] == "ok":
             apply_commit(session, change)
             session.last_used = answer[1]

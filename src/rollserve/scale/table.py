@@ -24,6 +24,7 @@ RECORD_FIELDS = tuple(f.name for f in fields(RolloutSession) if f.name != "lock"
 COUNTER_FIELDS = ("epoch", "committed_step_id", "context_length", "closed_reason", "last_used")
 
 Answer = tuple[Any, ...]
+View = tuple[str, int, int]  # (incarnation, epoch, committed_step_id)
 
 
 def to_record(session: RolloutSession) -> dict[str, Any]:
@@ -39,6 +40,11 @@ def change_of(change: Commit) -> dict[str, Any]:
     return {f.name: getattr(change, f.name) for f in fields(Commit)}
 
 
+def view_of(session: RolloutSession) -> View:
+    """What makes a copy of a session current: which session of its id, and its committed counters."""
+    return (session.incarnation, session.epoch, session.committed_step_id)
+
+
 def _refusal(exc: RolloutError) -> Answer:
     return ("error", exc.code, exc.message, exc.committed_step_id)
 
@@ -51,6 +57,11 @@ class SessionTable:
     ) -> None:
         self.sessions = RolloutStore(capacity, idle_ttl_s, clock=clock)
         self.commits = self.conflicts = 0
+
+    def configure(self, capacity: int, idle_ttl_s: float) -> None:
+        """Take a new deploy's limits: the table outlives a deployment, so a redeploy finds it running
+        with its sessions. Open sessions above a lowered capacity stay; new ones are refused."""
+        self.sessions.capacity, self.sessions.idle_ttl_s = capacity, idle_ttl_s
 
     def claim(self, session_id: str | None) -> Answer:
         try:
@@ -65,14 +76,15 @@ class SessionTable:
             return _refusal(exc)
         return ("ok", session.last_used)
 
-    def open(self, session_id: str, include_closed: bool, have: tuple[int, int] | None) -> Answer:
+    def open(self, session_id: str, include_closed: bool, have: View | None) -> Answer:
         """The session (touched), whole, or only its counters when ``have`` shows the caller's copy
-        of the state is current: then nothing but a few integers crosses the wire."""
+        of the state is current: then nothing but a few integers crosses the wire. ``have`` names
+        the incarnation too: counters alone cannot tell a new session with a reused id from the old."""
         try:
             session = self.sessions.get(session_id, include_closed=include_closed)
         except RolloutError as exc:
             return _refusal(exc)
-        current = have is not None and not session.closed and have == self._base(session)
+        current = have is not None and not session.closed and tuple(have) == view_of(session)
         if current:
             return ("ok", {name: getattr(session, name) for name in COUNTER_FIELDS})
         return ("ok", to_record(session))
@@ -81,10 +93,11 @@ class SessionTable:
         session = self.sessions.peek(session_id)
         return None if session is None else to_record(session)
 
-    def commit(self, session_id: str, change: dict[str, Any]) -> Answer:
-        """Compare-and-set: lands only if the session is still at ``change["base"]``. Otherwise (a
-        racing replica committed first, a reset, a close or expiry) nothing changes and the caller
-        gets the session as it is, to check its request again."""
+    def commit(self, session_id: str, change: dict[str, Any], incarnation: str) -> Answer:
+        """Compare-and-set: lands only if the session is still ``incarnation`` at ``change["base"]``.
+        Otherwise (a racing replica committed first, a reset, a close or expiry, the id reused by a
+        new session) nothing changes and the caller gets the session as it is, to check its request
+        again."""
         try:
             session = self.sessions.get(session_id)
         except RolloutError as exc:
@@ -93,7 +106,7 @@ class SessionTable:
                 return _refusal(exc)
             self.conflicts += 1
             return ("conflict", to_record(session))
-        if self._base(session) != tuple(change["base"]):
+        if view_of(session) != (incarnation, *change["base"]):
             self.conflicts += 1
             return ("conflict", to_record(session))
         apply_commit(session, Commit(**change))
@@ -119,7 +132,3 @@ class SessionTable:
             "commits": self.commits,
             "conflicts": self.conflicts,
         }
-
-    @staticmethod
-    def _base(session: RolloutSession) -> tuple[int, int]:
-        return (session.epoch, session.committed_step_id)

@@ -86,6 +86,9 @@ class RolloutSession:
     render: Any = None  # the session's RenderSpec (None: no frames), for its resets and fresh contexts
     jpeg_quality: int = 0  # how its images go on the wire (0: raw)
     frames: Frames | None = None  # the images and state vector of ``observation``
+    # which session of this id it is: a client may choose an id again once the first is gone, so a
+    # cached copy (a Ray replica's view) must match this too, not only the counters, to be current
+    incarnation: str = field(default_factory=lambda: uuid.uuid4().hex)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     @property
