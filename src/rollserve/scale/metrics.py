@@ -24,6 +24,8 @@ def merge_reports(reports: dict[str, bytes], deployment: dict[str, int]) -> byte
             name = f"{family.name}_total" if family.type == "counter" else family.name
             _, _, lines = families.setdefault(name, (family.documentation, family.type, []))
             for sample in family.samples:
+                if _deployment_wide(sample.name, sample.labels):
+                    continue
                 labels = {**sample.labels, "replica": replica}
                 body = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
                 lines.append(f"{sample.name}{{{body}}} {floatToGoString(sample.value)}")
@@ -36,6 +38,13 @@ def merge_reports(reports: dict[str, bytes], deployment: dict[str, int]) -> byte
             name = f"rollserve_deployment_{key}"
             out += [f"# HELP {name} {doc}", f"# TYPE {name} gauge", f"{name} {stats[key]}"]
     return ("\n".join(out) + "\n").encode()
+
+
+def _deployment_wide(name: str, labels: dict[str, str]) -> bool:
+    """A replica's rollout-session gauge is the shared table's total as that replica last saw it:
+    summed over replicas it counts every session once per replica. ``rollserve_deployment_sessions``
+    is the total, so those samples are left out."""
+    return name == "rollserve_active_sessions" and labels.get("kind") == "rollout"
 
 
 def _escape(value: str) -> str:
