@@ -9,7 +9,8 @@ interpreter:
   nested-map and value floods, msgpack timestamps and extension types, JPEG bombs inside and outside
   ``images``, 17 images, huge and bool fields, NaN/inf/1e308 numbers, 10,000-item batches, bytes
   keys, oversized messages cut off while streaming, long client strings, ...);
-* a few connection-level attackers for the whole run: half-sent HTTP headers (slowloris).
+* a few connection-level attackers for the whole run: half-sent HTTP headers (slowloris), each
+  opened again as soon as the server's header deadline closes it.
 
 The attackers start in their own processes and build their inputs first; all of them, and the
 healthy clients' attack window, then begin at one start line. Each surface's attacker is
@@ -44,6 +45,7 @@ import multiprocessing as mp
 import os
 import queue
 import re
+import select
 import socket
 import subprocess
 import sys
@@ -389,21 +391,36 @@ def attack_rest(
 
 
 # -- connection-level attackers (threads: they only hold sockets) ----------------------------------
+SLOWLORIS_HEADER = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: "
+
+
+def _half_header(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(SLOWLORIS_HEADER)
+    return sock
+
+
 def hold_slowloris(port: int, count: int, stop: threading.Event) -> dict[str, int]:
-    """Half-sent headers; returns how many the server had closed by the end."""
-    socks = []
-    for _ in range(count):
-        sock = socket.create_connection(("127.0.0.1", port))
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-        socks.append(sock)
-    stop.wait()
-    closed = 0
+    """``count`` connections holding half a header for the whole run: each one the server closes
+    (its header deadline) is opened again at once, as a slowloris attacker does. Returns how many
+    were opened and how many of them the server closed (those still open at the end are checked)."""
+    socks = [_half_header(port) for _ in range(count)]
+    opened, closed = count, 0
+    while not stop.wait(0.1):
+        readable, _, _ = select.select(socks, [], [], 0)
+        for sock in readable:  # the server's close (or anything else it sent) ends this one
+            with contextlib.suppress(OSError):
+                sock.recv(4096)
+            sock.close()
+            closed += 1
+            socks[socks.index(sock)] = _half_header(port)
+            opened += 1
     for sock in socks:
         sock.settimeout(0.5)
         with contextlib.suppress(TimeoutError, OSError):
             closed += sock.recv(1) == b""
         sock.close()
-    return {"slowloris": count, "slowloris_closed_by_server": closed}
+    return {"slowloris": count, "slowloris_opened": opened, "slowloris_closed_by_server": closed}
 
 
 # -- healthy clients ------------------------------------------------------------------------------------
@@ -578,7 +595,11 @@ def main(argv: list[str] | None = None) -> int:
         healthy = Healthy(port, args.world, args.interval_ms / 1000.0)
         healthy.run_for(2.0)  # warm-up
         baseline = rss_mb(proc.pid)
+        idle_cpu, idle_started = cpu_s(proc.pid), time.monotonic()
         idle_robot, idle_trainer = healthy.run_for(args.idle_seconds)
+        # the server's CPU for the healthy clients alone, per second: what the attack window's CPU
+        # holds besides the attack (the healthy clients keep the same pace through it)
+        healthy_cpu_per_s = (cpu_s(proc.pid) - idle_cpu) / (time.monotonic() - idle_started)
 
         peak = [baseline]
         stop = threading.Event()
@@ -694,7 +715,11 @@ def main(argv: list[str] | None = None) -> int:
         "server_log_lines": log_lines,
         "attack_seconds": round(attack_seconds, 1),
         "server_cpu_s_during_attack": round(server_cpu, 1),
-        "server_cpu_ms_per_input": round(1000.0 * server_cpu / max(sent, 1), 2),
+        "server_cpu_ms_per_input": round(1000.0 * server_cpu / max(sent, 1), 2),  # healthy clients' too
+        "server_cpu_ms_per_input_net": round(
+            1000.0 * (server_cpu - healthy_cpu_per_s * attack_seconds) / max(sent, 1), 2
+        ),  # less the healthy clients' share, at its idle rate
+        "server_healthy_cpu_per_s": round(healthy_cpu_per_s, 3),
         "attackers_cpu_s": round(sum(s["cpu_s"] for s in stats), 1),
         "total_seconds": round(time.monotonic() - started, 1),
         **slow_result,

@@ -2,7 +2,8 @@
 
 Every class of hostile input reaches every surface of a real ``rollserve serve`` while a healthy
 robot and trainer work: no crash, no traceback leak, RSS within the bound, slowloris connections
-closed by the header deadline, and a flood that cannot flood the log.
+closed by the header deadline and opened again all through the attack, and a flood that cannot flood
+the log.
 """
 
 from __future__ import annotations
@@ -31,7 +32,11 @@ def test_short_soak_has_no_crash_no_leak_and_bounded_memory() -> None:
     assert result["crashes"] == 0 and result["server_alive"], result
     assert result["traceback_leaks"] == 0
     assert result["rss_ok"], (result["rss_peak_over_baseline_mb"], result["rss_bound_mb"])
-    assert result["slowloris_closed_by_server"] == result["slowloris"] == 10
+    # held for the whole attack: every one the header deadline (2 s here) closed was opened again,
+    # so all but the last generation were closed by the server
+    assert result["slowloris"] == 10 and result["slowloris_opened"] > 10
+    assert result["slowloris_closed_by_server"] >= result["slowloris_opened"] - 10
+    assert 0 < result["server_cpu_ms_per_input_net"] < result["server_cpu_ms_per_input"]
     assert result["server_log_lines"] < 100
     for phase in ("healthy_requests", "healthy_requests_after"):  # under attack, and served after it
         assert result[phase]["robot"] > 0 and result[phase]["trainer"] > 0, phase
