@@ -37,7 +37,7 @@ class Command(Protocol):
     def main(self, args: argparse.Namespace) -> int | None: ...
 
 
-class UsageError(Exception):
+class UsageError(ValueError):
     """A flag value found wrong only after parsing (it needs another flag or a file's contents).
 
     ``main`` reports it as argparse reports a bad value (usage line, ``error: ...``, exit 2), so a

@@ -9,7 +9,6 @@ application builder, used by ``rollserve serve --ray`` and by ``serve deploy`` c
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -21,7 +20,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from rollserve.cli import non_negative_float, non_negative_int, positive_float, positive_int
+from rollserve.cli import checked, non_negative_float, non_negative_int, positive_float, positive_int
 from rollserve.scale.actor import table_actor, table_call
 from rollserve.scale.launch import HTTP_OPTIONS_SETTINGS, PROXY_OWNED_SETTINGS, proxy_owned_refusal
 from rollserve.scale.metrics import merge_reports
@@ -65,14 +64,6 @@ SETTING_NAMES = {f.name for f in fields(ServerSettings)} - {"limits"} | {"max_fr
 NOT_FOR_REPLICAS = ("limits", *PROXY_OWNED_SETTINGS, *HTTP_OPTIONS_SETTINGS)
 
 
-def checked(name: str, value: Any, check: Callable[[str], Any]) -> Any:
-    """``value`` as its CLI flag's check reads it, or a ``ValueError`` naming ``name``."""
-    try:
-        return check(str(value))
-    except argparse.ArgumentTypeError as exc:
-        raise ValueError(f"{name}: {exc}") from None
-
-
 def checked_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """``settings`` (ServerSettings fields by name) with the CLI's checks applied. Refused: unknown
     names, and those a replica never applies under Serve (the proxy's) given a non-default value."""
@@ -90,7 +81,7 @@ def checked_settings(settings: dict[str, Any]) -> dict[str, Any]:
             f"{', '.join(http)} cannot apply as an application's args: Ray Serve's proxy takes them "
             "from the config's http_options (docs/scale-out.md)"
         )
-    return {n: checked(n, v, SETTING_CHECKS[n]) if n in SETTING_CHECKS else v for n, v in settings.items()}
+    return {n: checked(n, SETTING_CHECKS[n], v) if n in SETTING_CHECKS else v for n, v in settings.items()}
 
 
 @dataclass(frozen=True)
@@ -212,7 +203,7 @@ def build_app(args: dict[str, Any]) -> Any:
     ``replica_gpus`` (0); any other key is a :class:`ServerSettings` field (or ``max_frame_bytes``).
     """
     args = dict(args)
-    replicas, cpus, gpus = (checked(k, args.pop(k, d), check) for k, (d, check) in DEPLOYMENT_ARGS.items())
+    replicas, cpus, gpus = (checked(k, check, args.pop(k, d)) for k, (d, check) in DEPLOYMENT_ARGS.items())
     named = {k: args.pop(k) for k in (*SERVICE_KEYS, "table_name") if k in args}
     config = asdict(ReplicaConfig(**named, settings=args))  # a bad arg fails here, not in every replica
     ReplicaConfig(**config).server_settings()  # and so do settings that do not make a ServerSettings

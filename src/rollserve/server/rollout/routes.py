@@ -109,12 +109,13 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
         body_model: type[Body],
         call: Callable[[Body, bool], Awaitable[BaseModel]],
         *,
-        session_id: str | None = None,
         body_optional: bool = False,
     ) -> Response:
         """Answer the request; a connection with a refusal streak is answered in the shared lane,
-        and a refusal that is the client's fault is sent after the connection's delay."""
+        and a refusal that is the client's fault is sent after the connection's delay. A route on
+        a session (its id in the path) reports that session's ``committed_step_id`` in errors."""
         streak = http_streak(request.scope)
+        session_id = request.path_params.get("session_id")
         async with penalty.lane(streak):
             code, response = await answer(request, route, body_model, call, session_id, body_optional)
         if streak is not None:
@@ -186,7 +187,6 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
             "step",
             RolloutStepRequest,
             lambda b, raw: service.step(session_id, b, raw_tensors=raw),
-            session_id=session_id,
         )
 
     async def reset(request: Request) -> Response:
@@ -196,7 +196,6 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
             "reset",
             ResetSessionRequest,
             lambda b, raw: service.reset_session(session_id, b, raw_tensors=raw),
-            session_id=session_id,
             body_optional=True,
         )
 
@@ -207,7 +206,6 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
             "close",
             _NoBody,
             lambda b, raw: service.close_session(session_id),
-            session_id=session_id,
             body_optional=True,
         )
 
@@ -218,7 +216,6 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
             "status",
             _NoBody,
             lambda b, raw: service.get_status(session_id),
-            session_id=session_id,
             body_optional=True,
         )
 
@@ -229,7 +226,6 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
             "fork",
             ForkSessionRequest,
             lambda b, raw: service.fork_session(session_id, b, raw_tensors=raw),
-            session_id=session_id,
             body_optional=True,
         )
 
