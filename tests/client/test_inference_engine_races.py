@@ -159,3 +159,15 @@ def test_the_queue_counts_the_merge_delay_under_its_lock_when_none_is_given() ->
     assert queue.get_processed_left_over()[:, 0].tolist() == [103, 104, 105, 106]  # type: ignore[index]
     with pytest.raises(ValueError, match="needs action_index_before_inference"):
         queue.merge(chunk, chunk, None, None)
+
+
+def test_the_two_prefixes_start_at_the_same_action_when_a_step_lands_between_them() -> None:
+    """Regression: ``prefixes`` read the model-space and robot-space left-overs under two locks; a
+    control step in between made the robot prefix start one action after the model prefix."""
+    robot, engine = _engine_mid_chunk()
+    engine.queue._lock = _LockThatSteps(engine.queue._lock, robot, nth=1)  # type: ignore[assignment]
+    prefix_model, prefix_robot = engine.prefixes()
+    assert robot.executed == [0, 1, 2, 3, 4, 5]  # the step did land right after the first read
+    assert prefix_model is not None and prefix_robot is not None
+    assert prefix_model[:, 0].tolist() == list(range(5, 15))  # 5.. : the horizon is 10
+    assert prefix_robot[:, 0].tolist() == list(range(5, 15))

@@ -16,6 +16,7 @@ def test_empty_queue_returns_none() -> None:
     queue = ActionQueue(RTCConfig(enabled=True))
     assert queue.get() is None
     assert queue.get_left_over() is None and queue.get_processed_left_over() is None
+    assert queue.left_overs() == (None, None)
     assert queue.qsize() == 0 and queue.empty() and queue.get_action_index() == 0
 
 
@@ -42,6 +43,11 @@ def test_get_advances_and_left_over_tracks_both_spaces() -> None:
     assert queue.get_action_index() == 4
     np.testing.assert_array_equal(queue.get_left_over(), model[4:])
     np.testing.assert_array_equal(queue.get_processed_left_over(), robot[4:])
+    left_model, left_robot = queue.left_overs()  # both at once, from the same index
+    np.testing.assert_array_equal(left_model, model[4:])
+    np.testing.assert_array_equal(left_robot, robot[4:])
+    left_model[0, 0] = -1  # copies: the queue is not written through them
+    assert queue.left_overs()[0][0, 0] == model[4, 0]  # type: ignore[index]
 
 
 def test_non_rtc_merge_appends_after_unexecuted_actions() -> None:

@@ -262,7 +262,8 @@ class InferenceEngine:
         """The left-over in model and robot space, cut to the execution horizon (None if nothing is left)."""
         if not self._rtc:
             return None, None
-        return self._cut(self.queue.get_left_over()), self._cut(self.queue.get_processed_left_over())
+        left_model, left_robot = self.queue.left_overs()
+        return self._cut(left_model), self._cut(left_robot)
 
     def _index_and_prefixes(self) -> tuple[int, np.ndarray | None, np.ndarray | None]:
         """The read index and the prefixes that start at it: the merge counts executed actions from

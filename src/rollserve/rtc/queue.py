@@ -57,6 +57,16 @@ class ActionQueue:
         with self._lock:
             return None if self.queue is None else self.queue[self.last_index :].copy()
 
+    def left_overs(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Both left-overs (model space, robot space) under one lock: a control step between two
+        separate reads would make them start one action apart."""
+        with self._lock:
+            index = self.last_index
+            return (
+                None if self.original_queue is None else self.original_queue[index:].copy(),
+                None if self.queue is None else self.queue[index:].copy(),
+            )
+
     def clear(self) -> None:
         """Forget everything (a new episode)."""
         with self._lock:
