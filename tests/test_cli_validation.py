@@ -185,7 +185,14 @@ def test_dataset_write_failure_leaves_no_partial_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("flag", "value"),
-    [("--batch-size", "0"), ("--threads", "0"), ("--episodes", "-1"), ("--steps", "0"), ("--lr", "0")],
+    [
+        ("--batch-size", "0"),
+        ("--threads", "0"),
+        ("--episodes", "-1"),
+        ("--steps", "0"),
+        ("--lr", "0"),
+        ("--data-seed", "-1"),
+    ],
 )
 def test_train_policy_refuses_non_positive_numbers(
     flag: str, value: str, capsys: pytest.CaptureFixture, no_long_work: None

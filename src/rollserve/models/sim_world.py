@@ -45,8 +45,16 @@ def frames_tensor(image: np.ndarray) -> np.ndarray:
     return (image.transpose(2, 0, 1)[None] / np.float32(255.0)).astype(np.float32)
 
 
+def fresh_seed() -> int:
+    """A seed from OS entropy, for an unseeded start: ``env.reset(seed=None)`` would go on with the
+    generator of whichever session the shared env restored last, so two unseeded starts could draw
+    the same layout."""
+    return int(np.random.SeedSequence().entropy)
+
+
 class SimWorld:
-    """The simulator itself behind the rollout API; starts are seeded exactly like ``env.reset(seed)``."""
+    """The simulator itself behind the rollout API; starts are seeded exactly like ``env.reset(seed)``,
+    and an unseeded start gets a seed of its own from OS entropy."""
 
     def __init__(self) -> None:
         self.env = TabletopPickPlaceEnv(max_episode_steps=2**31 - 1)
@@ -73,7 +81,7 @@ class SimWorld:
     def _initial(self, init: WorldInit) -> WorldOutput:
         if init.state is not None:
             raise ValueError("the simulator world starts from a seed, not from a state vector")
-        obs, info = self.env.reset(seed=init.seed)
+        obs, info = self.env.reset(seed=init.seed if init.seed is not None else fresh_seed())
         return self._output(SimState.of(self.env.get_snapshot(), init.render), obs["state"], info=info)
 
     def step_batch(self, steps: Sequence[WorldStep]) -> list[WorldOutput | BaseException]:

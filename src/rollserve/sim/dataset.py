@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import numbers
 import os
 import sys
 import time
@@ -23,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from rollserve.cli import non_negative_float, output_file, positive_int
+from rollserve.cli import non_negative_float, non_negative_int, output_file, positive_int
 from rollserve.sim.env import TabletopPickPlaceEnv
 from rollserve.sim.expert import ScriptedExpert
 from rollserve.sim.layout import ACTION_NAMES, CAMERA_NAMES, CONTROL_HZ, STATE_NAMES
@@ -84,7 +86,11 @@ def generate_dataset(
 
     ``action_noise`` (rad, std) perturbs the executed joint targets while the clean expert action
     is recorded (DART-style), so a cloned policy also sees how to recover from small deviations.
+    Raises ``ValueError`` before creating anything unless ``num_episodes`` >= 1, ``seed`` >= 0 and
+    ``action_noise`` is finite and >= 0 (no episodes would write an empty file that training only
+    refuses much later; a negative or NaN noise would be skipped while the file's meta names it).
     """
+    num_episodes, seed, action_noise = _checked_arguments(num_episodes, seed, action_noise)
     started = time.perf_counter()
     noise_rng = np.random.default_rng([seed, 1])
     env = TabletopPickPlaceEnv(render_images=render_images)
@@ -130,7 +136,7 @@ def generate_dataset(
         "seed": seed,
         "num_episodes": num_episodes,
         "action_noise": action_noise,
-        "success_rate": float(success.mean()) if num_episodes else 0.0,
+        "success_rate": float(success.mean()),
     }
     arrays: dict[str, np.ndarray] = {
         "states": np.asarray(states, dtype=np.float32).reshape(-1, len(STATE_NAMES)),
@@ -151,6 +157,25 @@ def generate_dataset(
         success_rate=meta["success_rate"],
         seconds=time.perf_counter() - started,
     )
+
+
+def _checked_arguments(num_episodes: int, seed: int, action_noise: float) -> tuple[int, int, float]:
+    """The arguments as plain Python numbers (numpy ones too), or ``ValueError`` naming the bad one."""
+    if not _is_whole(num_episodes) or num_episodes < 1:
+        raise ValueError(f"num_episodes must be a whole number >= 1, got {num_episodes!r}")
+    if not _is_whole(seed) or seed < 0:
+        raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
+    if (
+        isinstance(action_noise, bool)
+        or not isinstance(action_noise, numbers.Real)
+        or not 0 <= action_noise < math.inf
+    ):
+        raise ValueError(f"action_noise must be a finite number >= 0 (rad), got {action_noise!r}")
+    return int(num_episodes), int(seed), float(action_noise)
+
+
+def _is_whole(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def load_dataset(path: str | os.PathLike[str]) -> Dataset:
@@ -236,7 +261,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--episodes", type=positive_int, default=200, help="number of expert episodes (default 200)"
     )
-    parser.add_argument("--seed", type=int, default=0, help="dataset seed; episode seeds derive from it")
+    parser.add_argument(
+        "--seed", type=non_negative_int, default=0, help="dataset seed; episode seeds derive from it"
+    )
     parser.add_argument("--out", type=output_file, default="data/tabletop.npz", help="output .npz path")
     parser.add_argument("--images", action="store_true", help="also record both camera images (slow)")
     parser.add_argument(

@@ -200,7 +200,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--episodes", type=positive_int, default=DEFAULT_EPISODES, help="episodes when generating"
     )
-    parser.add_argument("--data-seed", type=int, default=0, help="seed when generating the dataset")
+    parser.add_argument(
+        "--data-seed", type=non_negative_int, default=0, help="seed when generating the dataset"
+    )
     parser.add_argument(
         "--action-noise", type=non_negative_float, default=DEFAULT_ACTION_NOISE,
         help="expert noise when generating",
