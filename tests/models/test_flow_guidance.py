@@ -101,3 +101,33 @@ def test_zero_padding_of_a_short_prefix_is_not_guided_toward() -> None:
     )
     np.testing.assert_allclose(marked, short, atol=1e-5)
     assert np.abs(unmarked[4:10]).mean() < np.abs(marked[4:10]).mean()  # pulled toward the zero rows
+
+
+def test_a_server_horizon_beyond_the_checkpoints_guides_every_real_row() -> None:
+    """Regression: ``rollserve serve --rtc-horizon 16`` advertised 16 and got 16-row prefixes, but
+    guidance stopped at the checkpoint's 10, so rows 10..15 changed nothing. A request that says
+    how many rows are real (``prefix_steps``, set by the server) is guided over all of them; a
+    direct call without it keeps the checkpoint's horizon."""
+    from rollserve.models.checkpoint import load_default
+    from rollserve.models.policy import PolicyRequest
+
+    policy = load_default()
+    assert policy.rtc.execution_horizon == 10 and policy.metadata.chunk_size >= 16
+    state = np.zeros(policy.metadata.state_dim, np.float32)
+    prefix = np.full((16, policy.metadata.action_dim), 0.5, np.float32)
+    changed = prefix.copy()
+    changed[10:] = -0.5  # only the rows past the checkpoint's horizon differ
+
+    def chunks(steps: int | None) -> tuple[np.ndarray, np.ndarray]:
+        first, second = policy.predict_action_chunks(
+            [
+                PolicyRequest({"state": state, "seed": 3}, 2, prefix, prefix_steps=steps),
+                PolicyRequest({"state": state, "seed": 3}, 2, changed, prefix_steps=steps),
+            ]
+        )
+        return first, second
+
+    served, served_changed = chunks(16)
+    assert np.abs(served_changed[10:16] - served[10:16]).mean() > 0.05  # rows 10..15 guide
+    direct, direct_changed = chunks(None)
+    np.testing.assert_allclose(direct_changed, direct, atol=1e-5)  # the checkpoint's 10 rows only

@@ -137,8 +137,8 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
         max_steps=MAX_EPISODE_STEPS if args.max_steps is None else args.max_steps,
         refill_margin=args.refill_margin,
         sync_steps=args.sync_steps,
-        # The server pads a shorter prefix with zero rows up to its horizon; an async client always
-        # has at least (smallest delay + margin) actions left when it asks, so no row is padding.
+        # An async client always has at least (smallest delay + margin) actions left when it asks,
+        # so every prefix fills this horizon and every chunk is guided over the same rows.
         rtc_horizon=args.refill_margin + min_delay_steps if args.rtc_horizon is None else args.rtc_horizon,
         out=Path(args.out),
         video=args.video,

@@ -165,8 +165,12 @@ class FlowMatchingPolicy(SingleAsBatchOfOne):
         chunk_size, action_dim = self._chunk_shape
         if left_over.ndim != 2 or left_over.shape[1] != action_dim:
             raise ValueError(f"prefix must have shape (steps, {action_dim}), got {left_over.shape}")
-        real_steps = left_over.shape[0] if request.prefix_steps is None else request.prefix_steps
-        horizon = min(self.rtc.execution_horizon, left_over.shape[0], real_steps, chunk_size)
+        # A server cut the prefix to its own horizon (``--rtc-horizon``, which may exceed the
+        # checkpoint's) and says how many rows are real; a direct call is cut to the policy's.
+        if request.prefix_steps is None:
+            horizon = min(self.rtc.execution_horizon, left_over.shape[0], chunk_size)
+        else:
+            horizon = min(request.prefix_steps, left_over.shape[0], chunk_size)
         prefix = np.zeros((chunk_size, action_dim), np.float32)
         prefix[:horizon] = left_over[:horizon]
         weights = prefix_weights(
