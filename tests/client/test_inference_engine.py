@@ -3,6 +3,7 @@ reconnects. Timing only ever shows up as lower bounds (a sleep lasts at least it
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -344,3 +345,26 @@ def test_reset_state_and_the_queue_object_change_only_under_the_state_lock() -> 
         thread.join(10)
     assert sorted(done) == ["adopted", "wants=True"]
     assert engine.queue.config.enabled is False  # the swapped queue follows the source: no RTC
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("fps", 0.0, "fps must be > 0, got 0.0"),
+        ("fallback", "stop", "fallback must be hold, repeat or zero, got 'stop'"),
+        ("jpeg_quality", 101, "jpeg_quality must be an int in 0..100 (0: raw images), got 101"),
+        ("jpeg_quality", -1, "got -1"),
+        ("jpeg_quality", 80.0, "got 80.0"),
+        ("jpeg_quality", True, "got True"),
+    ],
+)
+def test_engine_config_refuses_what_would_fail_every_request(field: str, value: object, message: str) -> None:
+    """Regression for ``jpeg_quality``: 150 was accepted, then every background request failed and
+    the robot got no action at all, with the error only in the logs."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        EngineConfig(**{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("quality", [0, 1, 100])
+def test_engine_config_takes_every_jpeg_quality_in_range(quality: int) -> None:
+    assert EngineConfig(jpeg_quality=quality).jpeg_quality == quality

@@ -18,7 +18,8 @@ from rollserve.wire import ActionChunkMsg, MsgHeader
     ("latency_ms", "fps", "steps"),
     [
         (149, 10, 2),  # 1.49 ticks -> 2 (rounded up, never down)
-        (100, 10, 1),  # exactly one tick -> 1 (no extra step from float noise)
+        (100, 10, 1),  # exactly one tick -> 1
+        (140, 50, 7),  # 0.14 / 0.02 is 7.000000000000001 in floats: still 7, no extra step from noise
         (101, 10, 2),
         (0.5, 10, 1),  # any latency costs at least one step
         (0, 10, 0),

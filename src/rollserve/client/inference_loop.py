@@ -49,6 +49,11 @@ class EngineConfig:
             raise ValueError(f"fps must be > 0, got {self.fps}")
         if self.fallback not in ("hold", "repeat", "zero"):
             raise ValueError(f"fallback must be hold, repeat or zero, got {self.fallback!r}")
+        if type(self.jpeg_quality) is not int or not 0 <= self.jpeg_quality <= 100:
+            # checked here: a bad value would fail every background request, and the robot starve
+            raise ValueError(
+                f"jpeg_quality must be an int in 0..100 (0: raw images), got {self.jpeg_quality!r}"
+            )
 
 
 @dataclass
