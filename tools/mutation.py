@@ -62,6 +62,7 @@ MODULES: dict[str, CoreModule] = {
             "tests/server/test_rollout_service_rules.py",
             "tests/server/test_rollout_store.py",
             "tests/server/test_rollout_retries_and_refusals.py",
+            "tests/server/test_rollout_create_conflict.py",
         ),
     ),
     "auth": CoreModule(("src/rollserve/server/auth.py",), ("tests/server/test_auth.py",)),

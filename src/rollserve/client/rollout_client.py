@@ -145,7 +145,9 @@ class RolloutClient:
     """Rollout sessions on a rollserve (or vLLM-Omni P0) server.
 
     Transport failures (connection errors, timeouts, 502/504, a proxy's bare 5xx) are retried with
-    backoff, at most ``max_retries`` times; server refusals raise :class:`RolloutRequestError` at once.
+    backoff, at most ``max_retries`` times; server refusals raise :class:`RolloutRequestError` at once,
+    rollserve's typed ones as well as a genuine vLLM-Omni server's (FastAPI's ``{"detail"}`` or vLLM's
+    error object).
     """
 
     def __init__(
@@ -310,8 +312,9 @@ class RolloutClient:
         raise AssertionError("unreachable")
 
     def _send(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, dict[str, Any]]:
-        """One HTTP exchange; a 502/504, or a 5xx without a typed error body, counts as a transport
-        failure (rollserve never answers 502/504; its other 5xx carry a typed body, in either mode).
+        """One HTTP exchange; a 502/504, or a 5xx without a server's error body (:func:`_servers_answer`),
+        counts as a transport failure (rollserve never answers 502/504; its other 5xx carry a typed
+        body, in either mode, and vLLM-Omni's carry FastAPI's or vLLM's).
 
         The request goes straight to the transport: these calls need no redirects, cookies or auth
         flows, and skipping ``httpx.Client``'s layers saves ~0.15 ms of client CPU per request.
@@ -344,8 +347,8 @@ class RolloutClient:
                 payload = resp.json()
             except ValueError:
                 payload = {"error": {"code": "http_error", "message": resp.text[:200]}}
-        if resp.status_code >= 500 and not _typed_error(payload):
-            # not rollserve's answer but a proxy's (Ray Serve answers a bare 500 when the replica
+        if resp.status_code >= 500 and not _servers_answer(resp.status_code, payload):
+            # not the server's answer but a proxy's (Ray Serve answers a bare 500 when the replica
             # died under the request): the request may or may not have run, as after a lost reply
             raise httpx.RemoteProtocolError(f"upstream answered {resp.status_code}", request=request)
         return resp.status_code, payload
@@ -370,6 +373,24 @@ def _typed_error(payload: Any) -> bool:
     return _is_status(code) and isinstance(error.get("reason"), str) and bool(error["reason"])
 
 
+def _servers_answer(status: int, payload: Any) -> bool:
+    """Whether an error body is the server's own answer (raised at once), not a proxy's page.
+
+    rollserve's typed bodies (:func:`_typed_error`), and a genuine vLLM-Omni server's: its routes
+    raise ``HTTPException(status, detail=...)``, which FastAPI answers as ``{"detail": ...}`` (a
+    list of ``{loc, msg}`` for a body that fails validation) and vLLM's handler as its error
+    object, ``{"error": {"message", "type", "param", "code": <the status>}}``.
+    """
+    if _typed_error(payload):
+        return True
+    if not isinstance(payload, dict):
+        return False
+    if isinstance(payload.get("detail"), str | list):
+        return True
+    error = payload.get("error")
+    return isinstance(error, dict) and error.get("code") == status and isinstance(error.get("message"), str)
+
+
 def _is_status(value: Any) -> bool:
     """An HTTP status as vLLM's error body carries it in ``error.code`` (an int, never a bool)."""
     return isinstance(value, int) and not isinstance(value, bool)
@@ -385,9 +406,10 @@ def _step_body(call: StepCall) -> dict[str, Any]:
 
 
 def _step_result(status: int | None, payload: dict[str, Any]) -> StepResult:
-    """A success, or the replay of a committed step; any other answer raises."""
-    error = payload.get("error")
-    if error is not None and not payload.get("replayed"):
+    """A success, or the replay of a committed step; any other answer raises (also an error status
+    whose body is no step answer: FastAPI's ``{"detail"}`` for a body that failed validation)."""
+    failed = payload.get("error") is not None or (status is not None and status >= 400)
+    if failed and not payload.get("replayed"):
         raise _error(status, payload)
     nxt = payload["next_observation"]
     meta = payload["model_metadata"]
@@ -412,7 +434,8 @@ def _error(status: int | None, payload: dict[str, Any]) -> RolloutRequestError:
 
     Step bodies and strict-mode errors carry the typed code in ``error.code``; vLLM-Omni-mode
     non-step errors carry the HTTP status there (vLLM's error body) and the typed code in
-    ``error.reason``. A body with only FastAPI's ``detail`` gets ``http_<status>``.
+    ``error.reason``. A body without a typed code (vLLM's error object, FastAPI's ``detail``) gets
+    ``http_<status>`` and its message (a validation error's ``loc: msg`` items joined).
     """
     error = payload.get("error")
     error = error if isinstance(error, dict) else {}
@@ -420,7 +443,22 @@ def _error(status: int | None, payload: dict[str, Any]) -> RolloutRequestError:
     if not isinstance(code, str):
         reason = error.get("reason")
         code = reason if isinstance(reason, str) and reason else f"http_{status}"
-    message = error.get("message") or payload.get("detail") or f"HTTP {status}"
+    message = error.get("message") or _detail_text(payload.get("detail")) or f"HTTP {status}"
     return RolloutRequestError(
         str(code), str(message), status=status, committed_step_id=error.get("committed_step_id")
     )
+
+
+def _detail_text(detail: Any) -> str:
+    """FastAPI's ``detail`` as one line: a string as it is, a validation error's items as
+    ``body.step_id: Input should be ...`` joined by ``; ``."""
+    if not isinstance(detail, list):
+        return "" if detail is None else str(detail)
+    parts = []
+    for item in detail:
+        if isinstance(item, dict) and "msg" in item:
+            where = ".".join(str(p) for p in item.get("loc") or ())
+            parts.append(f"{where}: {item['msg']}" if where else str(item["msg"]))
+        else:
+            parts.append(str(item))
+    return "; ".join(parts)

@@ -183,11 +183,14 @@ class RolloutStore:
         return uuid.uuid4().hex
 
     def reserve(self, session_id: str | None) -> str:
-        """An id that is free right now, or ``session_exists`` / ``at_capacity``."""
+        """An id that is free right now, or ``session_exists`` (with the committed step of the session,
+        open or closed, that holds the id) / ``at_capacity``."""
         self.sweep(force=True)
         sid = session_id or self.new_id()
-        if sid in self._open or sid in self._tombstones:
-            raise RolloutError("session_exists", f"session {sid!r} already exists")
+        holder = self.peek(sid)
+        if holder is not None:
+            message = f"session {sid!r} already exists"
+            raise RolloutError("session_exists", message, committed_step_id=holder.committed_step_id)
         if len(self._open) >= self.capacity:
             raise RolloutError(
                 "at_capacity", f"the server holds its maximum of {self.capacity} rollout sessions; close some"
