@@ -789,3 +789,57 @@ def test_a_group_settled_after_its_loop_closed_does_not_raise() -> None:
     group.settle(1, "second")
     group.settle(0, "first")  # the last one: waking the closed loop raises inside, and is dropped
     assert group.outcomes == ["first", "second"]
+
+
+async def test_on_batch_hears_of_each_model_call_once_before_its_requests_are_answered(
+    clock: ModelClock,
+) -> None:
+    """Per model call, with its time and size, on the thread and inline: a batch of 4 is one
+    call of 4 (not 4 calls), and a request's answer comes after its batch was reported."""
+    here = threading.current_thread().name
+    started, gate = threading.Event(), threading.Event()
+    calls: list[tuple[float, int, str]] = []
+
+    def run(items: list[int]) -> list[int]:
+        if not started.is_set():
+            started.set()
+            assert gate.wait(WAIT)  # holds the thread while four more queue up
+        clock.spend(0.004)
+        return _doubling(items)
+
+    def on_batch(run_s: float, size: int) -> None:
+        calls.append((run_s, size, threading.current_thread().name))
+
+    worker = BatchingWorker(run, max_batch_size=8, name="test-engine", inline_below_s=0.05, on_batch=on_batch)
+    try:
+        first = worker.submit_future(0)
+        assert await asyncio.to_thread(started.wait, WAIT)
+        later = [worker.submit_future(i) for i in range(1, 5)]
+        gate.set()
+        assert first.result(WAIT).value == 0 and len(calls) >= 1
+        assert [f.result(WAIT).value for f in later] == [2, 4, 6, 8] and len(calls) == 2
+        assert (await worker.submit(5)).value == 10  # the third measured call, on the thread
+        assert (await worker.submit(6)).value == 12  # now cheap and measured: inline
+        assert calls == [
+            (pytest.approx(0.004), 1, "test-engine"),
+            (pytest.approx(0.004), 4, "test-engine"),
+            (pytest.approx(0.004), 1, "test-engine"),
+            (pytest.approx(0.004), 1, here),
+        ]
+        assert worker.stats.batches == len(calls) and worker.stats.items == 7
+    finally:
+        worker.close()
+
+
+async def test_a_failing_on_batch_is_logged_and_fails_no_request(caplog: pytest.LogCaptureFixture) -> None:
+    def on_batch(run_s: float, size: int) -> None:
+        raise RuntimeError("metrics backend down")
+
+    worker = BatchingWorker(_doubling, on_batch=on_batch, inline_below_s=1.0)
+    try:
+        results = [(await worker.submit(i)).value for i in range(5)]  # 3 on the thread, 2 inline
+        assert results == [0, 2, 4, 6, 8]
+    finally:
+        worker.close()
+    failures = [r for r in caplog.records if "on_batch callback failed" in r.getMessage()]
+    assert len(failures) == 5 and all(r.exc_info and r.exc_info[0] is RuntimeError for r in failures)

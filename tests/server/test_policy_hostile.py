@@ -17,6 +17,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from rollserve.models.simple_policies import ChunkPolicy
 from rollserve.server.app import create_app
+from rollserve.server.metrics import METRICS
 from rollserve.server.policy.service import PolicyService
 from rollserve.server.running import RunningServer, serving
 from rollserve.server.settings import ServerSettings
@@ -165,18 +166,72 @@ def test_idle_connections_are_closed_and_release_their_session() -> None:
         assert len(service.sessions) == 0
 
 
+def _refusals() -> dict[str, float]:
+    """``unavailable`` answers counted so far, by route."""
+    return {
+        route: METRICS.registry.get_sample_value(
+            "rollserve_errors_total", {"route": route, "code": "unavailable"}
+        )
+        or 0.0
+        for route in ("policy_ws", "openpi")
+    }
+
+
+def _assert_refused(server: RunningServer, path: str, message: str) -> None:
+    with connect(server.ws_url + path, max_size=None, compression=None) as ws:
+        assert ws.recv(timeout=10) == f"unavailable: {message}"
+        with pytest.raises(ConnectionClosed) as info:
+            ws.recv(timeout=10)
+        assert info.value.rcvd is not None and info.value.rcvd.code == 1013
+
+
 def test_one_address_may_hold_only_its_share_of_connections() -> None:
     with _small_server(max_connections_per_client=2) as (_, server):
+        before = _refusals()
         with _session(server) as first, _session(server):
             for path in (PATH, ""):
-                with connect(server.ws_url + path, max_size=None, compression=None) as third:
-                    assert third.recv(timeout=10).startswith("unavailable")
-                    with pytest.raises(ConnectionClosed) as info:
-                        third.recv(timeout=10)
-                    assert info.value.rcvd is not None and info.value.rcvd.code == 1013
+                _assert_refused(server, path, "2 connections from one address is the limit")
             assert isinstance(_observe(first, 1), ActionChunkMsg)
+        # each refusal is counted under the route it came on
+        assert _refusals() == {"policy_ws": before["policy_ws"] + 1, "openpi": before["openpi"] + 1}
         with _session(server) as again:  # released when they closed
             assert isinstance(_observe(again, 1), ActionChunkMsg)
+
+
+def _wait_for_open(slots: Any, count: int) -> None:
+    """Until the server released the slots of the connections the client closed."""
+    deadline = time.monotonic() + 10
+    while slots.open_connections != count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert slots.open_connections == count
+
+
+def test_the_server_holds_at_most_max_connections_policy_websockets() -> None:
+    """``--max-connections`` counts policy websockets too (uvicorn's own cap skips upgrades): the
+    third of two gets ``unavailable`` and close 1013 on either route, whatever the address cap."""
+    config = ServerSettings(max_batch_wait_ms=0.0, max_connections=2, max_connections_per_client=32)
+    app = create_app(config, policy=PolicyService(ChunkPolicy(), config))
+    slots = app.state.policy_connections
+    with serving(app) as server, _session(server) as first:
+        before = _refusals()
+        with connect(server.ws_url, max_size=None, compression=None) as second:
+            msgpack_numpy.unpackb(second.recv(timeout=10))  # metadata: the openpi socket is open
+            for path in (PATH, ""):
+                _assert_refused(server, path, "server is at its limit of 2 policy connections")
+            assert slots.open_connections == 2  # refused ones hold no slot
+        assert _refusals() == {"policy_ws": before["policy_ws"] + 1, "openpi": before["openpi"] + 1}
+        for path in (PATH, ""):  # one closed: the next is admitted, on either route
+            _wait_for_open(slots, 1)
+            if path:
+                with _session(server) as again:
+                    assert isinstance(_observe(again, 1), ActionChunkMsg)
+            else:
+                with connect(server.ws_url, max_size=None, compression=None) as again:
+                    msgpack_numpy.unpackb(again.recv(timeout=10))
+                    again.send(msgpack_numpy.packb({"state": STATE}))
+                    assert msgpack_numpy.unpackb(again.recv(timeout=10))["actions"].shape == (20, 6)
+        assert isinstance(_observe(first, 1), ActionChunkMsg)
+        _wait_for_open(slots, 1)
 
 
 def test_observations_with_raw_cameras_are_decoded_on_the_loop_and_floods_on_a_thread(

@@ -55,6 +55,25 @@ def test_libero_detected_and_cameras_renamed_in_order() -> None:
         ({"state": np.zeros(2), "images": {"c": np.zeros((4, 4, 2), np.uint8)}}, "aloha", "3 channels"),
         ({"state": np.zeros(2), "prompt": 3}, "aloha", "prompt"),
         ({"state": np.zeros(2)}, "nope", "unknown layout"),
+        # array-shaped but malformed: numpy's ValueError/TypeError is the client's fault too
+        ({"state": [[1.0, 2.0], [3.0]]}, "aloha", r"^'state' is not a rectangular array"),
+        (
+            {"observation/joint_position": [[1, 2, 3], [4, 5]], "observation/gripper_position": [0]},
+            "auto",
+            r"^'observation/joint_position' is not a rectangular array",
+        ),
+        (
+            {"state": np.zeros(2), "images": {"c": [[[1, 2, 3]], [[1, 2]]]}},
+            "aloha",
+            r"^'images/c' is not a rectangular array",
+        ),
+        (
+            {"observation/state": np.zeros(8), "observation/image": [[[0, 0, 0]], [[0]]]},
+            "libero",
+            r"^'observation/image' is not a rectangular array",
+        ),
+        ({"state": np.zeros(2), "images": np.zeros((2, 3, 3), np.uint8)}, "aloha", "^'images' must be a map"),
+        ({"state": np.zeros(2), "images": np.zeros(1, np.uint8)}, "aloha", "^'images' must be a map"),
     ],
 )
 def test_bad_observations_raise_layout_errors(obs: object, layout: str, match: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +15,7 @@ from websockets.sync.client import connect
 
 from rollserve.models.simple_policies import ChunkPolicy, droid_policy
 from rollserve.server.app import create_app
+from rollserve.server.metrics import METRICS
 from rollserve.server.policy.service import PolicyService
 from rollserve.server.running import RunningServer, serving
 from rollserve.server.settings import ServerSettings
@@ -130,3 +132,36 @@ def test_forced_layout_and_api_key() -> None:
         assert client.infer(_droid_obs())["actions"].shape == (10, 8)
         with pytest.raises(RuntimeError, match="missing state key"):
             client.infer({"state": np.zeros(8), "prompt": "aloha keys on a droid server"})
+
+
+def test_array_shaped_but_malformed_input_is_a_bad_observation_without_a_traceback(
+    droid_server: tuple[ChunkPolicy, RunningServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ragged list or an array where a map belongs is the client's fault: ``bad_observation``
+    (counted as a refusal, so the refusal delay applies), never an ``inference_error`` with a
+    traceback in the server's log."""
+    _, running = droid_server
+    ragged_state = _droid_obs()
+    ragged_state["observation/joint_position"] = [[1.0, 2.0, 3.0], [4.0, 5.0]]
+    ragged_image = _droid_obs()
+    ragged_image["observation/wrist_image_left"] = [[[1, 2, 3]], [[1, 2]]]
+    array_images = {"state": np.zeros(8), "images": np.zeros((2, 3, 3), np.uint8)}
+    ragged = "is not a rectangular array (rows of different lengths?)"
+    expected = [
+        f"bad_observation: 'observation/joint_position' {ragged}",
+        f"bad_observation: 'observation/wrist_image_left' {ragged}",
+        "bad_observation: 'images' must be a map of camera name to image",
+    ]
+    labels = {"route": "openpi", "code": "bad_observation"}
+    before = METRICS.registry.get_sample_value("rollserve_errors_total", labels) or 0.0
+    with caplog.at_level(logging.WARNING), connect(running.ws_url, max_size=None, compression=None) as ws:
+        msgpack_numpy.unpackb(ws.recv(timeout=10))  # metadata
+        replies = []
+        for obs in (ragged_state, ragged_image, array_images):
+            ws.send(msgpack_numpy.packb(obs))
+            replies.append(ws.recv(timeout=10))
+        ws.send(msgpack_numpy.packb(_droid_obs()))  # and the connection still serves
+        assert msgpack_numpy.unpackb(ws.recv(timeout=10))["actions"].shape == (10, 8)
+    assert replies == expected
+    assert METRICS.registry.get_sample_value("rollserve_errors_total", labels) == before + 3
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

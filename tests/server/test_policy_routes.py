@@ -17,6 +17,7 @@ from rollserve.client.policy_client import SessionRejected
 from rollserve.models.policy import PolicyRequest
 from rollserve.models.simple_policies import ChunkPolicy
 from rollserve.server.app import create_app
+from rollserve.server.metrics import METRICS
 from rollserve.server.policy.service import PolicyService
 from rollserve.server.running import RunningServer, serving
 from rollserve.server.settings import ServerSettings
@@ -227,6 +228,55 @@ def test_concurrent_clients_overlap_and_batch(batching: bool) -> None:
     later = [replies[name].batch_size for name in ("r1", "r2", "r3")]
     assert later == ([3, 3, 3] if batching else [1, 1, 1])
     assert policy.batch_sizes == ([1, 3] if batching else [1, 1, 1, 1])
+
+
+def _engine_samples() -> dict[str, float]:
+    values = {}
+    for name in ("rollserve_batch_size", "rollserve_inference_seconds"):
+        for part in ("_count", "_sum"):
+            value = METRICS.registry.get_sample_value(name + part, {"kind": "policy"})
+            values[name + part] = value or 0.0
+    return values
+
+
+def test_batch_size_and_inference_time_are_recorded_once_per_model_call() -> None:
+    """``rollserve_batch_size`` ("Requests per model call") and ``rollserve_inference_seconds``
+    ("Model time per batch") count model calls: r0 alone, then r1..r3 together, is 2 calls of
+    4 requests in all (recorded per request, it was 4 observations summing to 1 + 3 * 3 = 10)."""
+    policy = GatedPolicy(supports_batching=True)
+    service, server = _serve(policy, max_batch_size=8)
+    replies: dict[str, ActionChunkMsg] = {}
+
+    def robot(name: str) -> None:
+        with PolicyClient(server_url + PATH) as client:
+            client.open_session()
+            replies[name] = client.predict(STATE)
+
+    before = _engine_samples()
+    with server as running:
+        server_url = running.ws_url
+        first = threading.Thread(target=robot, args=("r0",))
+        first.start()
+        assert policy.entered.wait(10)  # r0 occupies the model
+        others = [threading.Thread(target=robot, args=(f"r{i}",)) for i in (1, 2, 3)]
+        for thread in others:
+            thread.start()
+        deadline = time.monotonic() + 10
+        while service.worker.queue_depth < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert service.worker.queue_depth == 3
+        policy.release.set()
+        for thread in [first, *others]:
+            thread.join(10)
+        after = _engine_samples()  # every reply is out: each batch was recorded before its replies
+    assert sorted(replies) == ["r0", "r1", "r2", "r3"] and policy.batch_sizes == [1, 3]
+    assert after["rollserve_batch_size_count"] - before["rollserve_batch_size_count"] == 2
+    assert after["rollserve_batch_size_sum"] - before["rollserve_batch_size_sum"] == 4
+    assert after["rollserve_inference_seconds_count"] - before["rollserve_inference_seconds_count"] == 2
+    # the held first call alone took as long as r0 waited for the release: a lower bound only
+    model_s = sum(end - start for start, end, _ in policy.call_spans)
+    inference_s = after["rollserve_inference_seconds_sum"] - before["rollserve_inference_seconds_sum"]
+    assert inference_s >= model_s
 
 
 def test_stale_observations_are_superseded_and_reported() -> None:

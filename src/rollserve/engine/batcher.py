@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import threading
 import time
 from collections import deque
@@ -23,6 +24,10 @@ Req = TypeVar("Req")
 Res = TypeVar("Res")
 
 RunBatch = Callable[[list[Req]], Sequence["Res | BaseException"]]
+# told of every model call, on the thread that made it: (seconds it ran, requests in it)
+OnBatch = Callable[[float, int], None]
+
+logger = logging.getLogger(__name__)
 
 _RUNS_BEFORE_INLINE = 3  # calls measured (on the thread at first) that decide whether to run inline
 _SLOW_INLINE_FACTOR = 4.0  # an inline call this many times over the bound sends the model back at once
@@ -136,6 +141,10 @@ class BatchingWorker(Generic[Req, Res]):
     below ``inline_below_s``. Until three calls are measured on the thread, nothing runs inline; a
     model that turns slow is back on the thread after at most three calls, and after one call
     slower than ``4 * inline_below_s``, which also starts the measuring afresh.
+
+    ``on_batch(run_s, size)`` is called once per model call (on the thread or inline), before its
+    requests are answered: the place for per-batch metrics, which a caller that sees only its own
+    request would record once per request. It must be cheap; what it raises is logged, not raised.
     """
 
     def __init__(
@@ -146,10 +155,12 @@ class BatchingWorker(Generic[Req, Res]):
         max_wait_s: float = 0.0,
         name: str = "rollserve-engine",
         inline_below_s: float = 0.0,
+        on_batch: OnBatch | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self._run_batch = run_batch
+        self._on_batch = on_batch
         self.max_batch_size = max_batch_size
         self.max_wait_s = max(0.0, max_wait_s)
         self.stats = EngineStats()
@@ -215,6 +226,7 @@ class BatchingWorker(Generic[Req, Res]):
                 self._recent_runs.clear()  # clearly slow: measure on the thread again
             if self._pending:  # queued by another thread meanwhile (waking the worker for nothing costs)
                 self._cond.notify()
+        self._report(run_s, 1)
         if isinstance(outcome, BaseException):
             return outcome
         return Completed(outcome, 0.0, run_s, batch_size=1)
@@ -222,6 +234,15 @@ class BatchingWorker(Generic[Req, Res]):
     def _measured_cheap_locked(self) -> bool:
         runs = self._recent_runs
         return len(runs) == _RUNS_BEFORE_INLINE and min(runs) < self.inline_below_s
+
+    def _report(self, run_s: float, size: int) -> None:
+        """Tell ``on_batch`` of one model call; a failing callback never fails the requests."""
+        if self._on_batch is None:
+            return
+        try:
+            self._on_batch(run_s, size)
+        except Exception:
+            logger.exception("the engine's on_batch callback failed")
 
     def _note_run_locked(self, run_s: float, size: int) -> None:
         """Book one finished batch: counters, the batch the next one can expect, the recent cost."""
@@ -338,6 +359,7 @@ class BatchingWorker(Generic[Req, Res]):
             with self._cond:
                 self._busy = False
                 self._note_run_locked(run_s, len(live))
+            self._report(run_s, len(live))
             for pending, result in zip(live, results, strict=True):
                 if not isinstance(result, BaseException):
                     result = Completed(result, started - pending.enqueued, run_s, batch_size=len(live))

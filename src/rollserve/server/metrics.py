@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import (
@@ -66,6 +67,18 @@ class Metrics:
         if counter is None:
             counter = self._errors[(route, code)] = self.errors.labels(route=route, code=code)
         counter.inc()
+
+    def batch_observer(self, kind: str) -> Callable[[float, int], None]:
+        """A ``BatchingWorker``'s ``on_batch``: model time and size, once per model call. Their
+        HELP says per batch, and a transport, which sees only its own request, would count a batch
+        of N N times."""
+        inference, size = self.inference.labels(kind=kind), self.batch_size.labels(kind=kind)
+
+        def observe(run_s: float, requests: int) -> None:
+            inference.observe(run_s)
+            size.observe(requests)
+
+        return observe
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

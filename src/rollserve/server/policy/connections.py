@@ -1,4 +1,5 @@
-"""Who holds the policy websockets: a cap per client address and an idle deadline per connection.
+"""Who holds the policy websockets: a cap per client address and in all, and an idle deadline per
+connection.
 
 Sessions are a shared, limited resource (``--max-sessions``). Without these, one address could open
 them all, and clients that connect and then go quiet (answering pings, or half-open) would hold
@@ -19,25 +20,43 @@ IDLE_CLOSE_CODE = 1001  # "going away": the server closes an idle connection
 
 
 class AddressLimiter:
-    """At most ``per_address`` open policy connections per client address. Thread-safe."""
+    """At most ``per_address`` open policy connections per client address, and ``total`` in all.
 
-    def __init__(self, per_address: int) -> None:
+    ``total`` is ``--max-connections``: uvicorn's own cap (``limit_concurrency``) is checked for
+    plain HTTP requests only, never for a websocket upgrade, so without this count any number of
+    policy websockets could be open. Thread-safe.
+    """
+
+    def __init__(self, per_address: int, total: int | None = None) -> None:
         self.per_address = per_address
+        self.total = total
         self._open: Counter[str] = Counter()
+        self._count = 0
         self._lock = threading.Lock()
 
-    def acquire(self, address: str) -> bool:
+    def refusal(self, address: str) -> str | None:
+        """Admit one connection from ``address`` (None: it holds a slot until :meth:`release`),
+        or say which limit refuses it."""
         with self._lock:
+            if self.total is not None and self._count >= self.total:
+                return f"server is at its limit of {self.total} policy connections"
             if self._open[address] >= self.per_address:
-                return False
+                return f"{self.per_address} connections from one address is the limit"
             self._open[address] += 1
-            return True
+            self._count += 1
+            return None
 
     def release(self, address: str) -> None:
         with self._lock:
+            self._count -= 1
             self._open[address] -= 1
             if self._open[address] <= 0:
                 del self._open[address]
+
+    @property
+    def open_connections(self) -> int:
+        with self._lock:
+            return self._count
 
 
 def client_address(websocket: WebSocket) -> str:

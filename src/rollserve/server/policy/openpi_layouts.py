@@ -30,12 +30,21 @@ class LayoutError(ValueError):
     """The observation does not fit the layout (or none could be detected); safe to send to clients."""
 
 
+def _array(value: Any, key: str) -> np.ndarray:
+    """``np.asarray`` that refuses what no array can be made of (a ragged list, an odd object) as
+    the client's fault: numpy raises ValueError or TypeError for those, which is no server bug."""
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError) as exc:
+        raise LayoutError(f"{key!r} is not a rectangular array (rows of different lengths?)") from exc
+
+
 def _state(obs: Mapping[str, Any], keys: Sequence[str]) -> np.ndarray:
     parts = []
     for key in keys:
         if key not in obs:
             raise LayoutError(f"missing state key {key!r}")
-        value = np.asarray(obs[key])
+        value = _array(obs[key], key)
         if value.dtype.kind not in "biuf":
             raise LayoutError(f"{key!r} must be numeric, got dtype {value.dtype}")
         with np.errstate(over="ignore"):  # beyond float32's range becomes inf, refused as bad_field
@@ -45,7 +54,7 @@ def _state(obs: Mapping[str, Any], keys: Sequence[str]) -> np.ndarray:
 
 def _image(value: Any, key: str) -> np.ndarray:
     """uint8 HWC RGB; openpi's ALOHA sends CHW, which is transposed."""
-    image = np.asarray(value)
+    image = _array(value, key)
     if image.dtype != np.uint8 or image.ndim != 3:
         raise LayoutError(f"image {key!r} must be uint8 HxWx3 (or 3xHxW), got {image.dtype} {image.shape}")
     if image.shape[2] != 3 and image.shape[0] == 3:
@@ -86,8 +95,10 @@ def libero(obs: Mapping[str, Any]) -> dict[str, Any]:
 
 def aloha(obs: Mapping[str, Any]) -> dict[str, Any]:
     """ALOHA (and rollserve's own dict form): ``state``, ``images{cam_*}`` (CHW or HWC), ``prompt``."""
-    images = obs.get("images") or {}
-    if not isinstance(images, Mapping):
+    images = obs.get("images")
+    if images is None:
+        images = {}
+    elif not isinstance(images, Mapping):  # before any truth test: an array has no truth value
         raise LayoutError("'images' must be a map of camera name to image")
     return {
         "state": _state(obs, ("state",)),

@@ -106,29 +106,33 @@ class _Refusals:
 def add_policy_routes(app: FastAPI, service: PolicyService, settings: ServerSettings) -> None:
     """Mount both policy websockets on ``app``."""
 
-    limiter = AddressLimiter(settings.max_connections_per_client)
+    limiter = AddressLimiter(settings.max_connections_per_client, settings.max_connections)
+    app.state.policy_connections = limiter  # who holds a slot: read by tests and debugging only
     penalty = RefusalPenalty(
         settings.refusal_delay_ms, settings.refusal_delay_max_ms, settings.refused_connection_lanes
     )
 
     @app.websocket(SESSION_PATH)
     async def policy_session_ws(websocket: WebSocket) -> None:
-        await _admitted(websocket, limiter, _SessionSocket(websocket, service, settings, penalty).run)
+        handler = _SessionSocket(websocket, service, settings, penalty)
+        await _admitted(websocket, limiter, handler.route, handler.run)
 
     @app.websocket(OPENPI_PATH)
     async def openpi_ws(websocket: WebSocket) -> None:
-        await _admitted(websocket, limiter, _OpenpiSocket(websocket, service, settings, penalty).run)
+        handler = _OpenpiSocket(websocket, service, settings, penalty)
+        await _admitted(websocket, limiter, handler.route, handler.run)
 
 
-async def _admitted(websocket: WebSocket, limiter: AddressLimiter, run: Any) -> None:
-    """Serve the connection unless its address already holds its share (then: 1013, try later)."""
+async def _admitted(websocket: WebSocket, limiter: AddressLimiter, route: str, run: Any) -> None:
+    """Serve the connection unless the server, or its address, already holds as many as it may
+    (then: ``unavailable``, close 1013, try later). Its slot is released however it ends."""
     address = client_address(websocket)
-    if not limiter.acquire(address):
-        METRICS.count_error("policy_ws", UNAVAILABLE)
+    refusal = limiter.refusal(address)
+    if refusal is not None:
+        METRICS.count_error(route, UNAVAILABLE)
         await websocket.accept()
-        message = f"{limiter.per_address} connections from one address is the limit"
-        await websocket.send_text(f"{UNAVAILABLE}: {message}")
-        await websocket.close(code=1013, reason="too many connections from this address")
+        await websocket.send_text(f"{UNAVAILABLE}: {refusal}")
+        await websocket.close(code=1013, reason="too many connections")
         return
     try:
         await run()
@@ -175,15 +179,12 @@ def _inline_limits(limits: WireLimits) -> WireLimits:
 
 # Metric children looked up once, not per request (each ``labels()`` call hashes and locks).
 _QUEUE_WAIT = METRICS.queue_wait.labels(kind="policy")
-_INFERENCE = METRICS.inference.labels(kind="policy")
-_BATCH_SIZE = METRICS.batch_size.labels(kind="policy")
 _ACTIVE_SESSIONS = METRICS.active_sessions.labels(kind="policy")
 
 
 def _observe_timings(reply: ActionChunkMsg) -> None:
+    """Per request; model time and batch size are the engine's, per model call (``PolicyService``)."""
     _QUEUE_WAIT.observe(reply.queue_wait_ms / 1000.0)
-    _INFERENCE.observe(reply.inference_ms / 1000.0)
-    _BATCH_SIZE.observe(reply.batch_size)
 
 
 class _SessionSocket:

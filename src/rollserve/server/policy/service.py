@@ -13,6 +13,7 @@ from rollserve.engine.batcher import BatchingWorker, EngineClosed, Superseded
 from rollserve.engine.policy_errors import STALE_EPOCH, UNAVAILABLE, UNKNOWN_SESSION, PolicyError
 from rollserve.engine.request_path import InferenceItem, PolicyRequestPath
 from rollserve.models.policy import Policy, PolicyMetadata, make_processors
+from rollserve.server.metrics import METRICS
 from rollserve.server.policy.sessions import PolicySession, PolicySessionStore, SessionLimitReached
 from rollserve.server.settings import ServerSettings
 from rollserve.wire.messages import (
@@ -48,6 +49,7 @@ class PolicyService:
             max_wait_s=self.settings.max_batch_wait_ms / 1000.0,
             name="rollserve-policy-engine",
             inline_below_s=self.settings.inline_below_ms / 1000.0,
+            on_batch=METRICS.batch_observer("policy"),  # per model call, not per request
         )
 
     @classmethod
