@@ -84,7 +84,8 @@ def calibrate(model: str, batches: tuple[int, ...] = (1, 8, 16)) -> dict[int, fl
 
 
 def batch_counters(server: ServerProcess) -> tuple[float, float]:
-    """``(sum, count)`` of rollserve's policy batch-size histogram (one observation per request)."""
+    """``(sum, count)`` of rollserve's policy batch-size histogram: one sample per model call, so
+    sum / count is the mean number of requests per model call."""
     import httpx
 
     text = httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=5.0).text
