@@ -1,9 +1,14 @@
 """The Serve application builder refuses what a Serve config's ``args`` cannot mean, with the
 setting's name, before any replica starts: settings Serve's proxy owns (the CLI refuses their
-flags under ``--ray``), limits the CLI's flags would refuse, unknown keys, and an app that serves
-nothing. Skipped where Ray is not installed; builds only, starts no Ray."""
+flags under ``--ray``), limits the CLI's flags would refuse, unknown keys, a world, status-code
+mode or openpi layout ``rollserve serve`` would refuse, and an app that serves nothing. Skipped
+where Ray is not installed; builds only, starts no Ray."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+import types
 
 import pytest
 
@@ -11,6 +16,8 @@ pytest.importorskip("ray.serve")
 
 from ray import serve
 
+from rollserve.cli import UsageError
+from rollserve.models.worlds import WorldLoadError
 from rollserve.scale.deployment import build_app
 
 
@@ -64,3 +71,75 @@ def test_the_clis_settings_build_whatever_its_connection_flags() -> None:
     # the CLI resolves the event loop and gives host, port and keep-alive to the proxy itself
     settings = ServerSettings(host="0.0.0.0", port=9000, keep_alive_timeout_s=2.0, event_loop="asyncio")
     assert isinstance(build_app({"world": "toy", **ReplicaConfig.settings_of(settings)}), serve.Application)
+
+
+# -- what `rollserve serve` refuses by value: the world, the status-code mode, the openpi layout ---------
+@pytest.mark.parametrize(
+    ("world", "message"),
+    [
+        ("nope", "unknown world 'nope': use sim, learned, video, toy or module.path:factory"),
+        ("no_such_module:make", "world spec 'no_such_module:make': no module named 'no_such_module'"),
+        (
+            "rollserve.models.worlds:nope",
+            "world spec 'rollserve.models.worlds:nope': 'rollserve.models.worlds' has no attribute 'nope'",
+        ),
+        (
+            "rollserve.models.worlds:DROID_ACTION_NAMES",
+            "world spec 'rollserve.models.worlds:DROID_ACTION_NAMES': 'DROID_ACTION_NAMES' is not a factory",
+        ),
+    ],
+)
+def test_a_world_the_cli_refuses_is_refused_in_its_words(world: str, message: str) -> None:
+    with pytest.raises(WorldLoadError) as err:
+        build_app({"world": world})
+    assert str(err.value) == message
+
+
+def test_a_world_is_resolved_but_never_built_by_the_builder(monkeypatch) -> None:
+    def boom(*_: object) -> None:
+        raise AssertionError("the builder built a world: that is each replica's job, on its devices")
+
+    for module in ("sim_world", "learned_world", "video_world"):  # the built-ins' loaders
+        stub = types.ModuleType(f"rollserve.models.{module}")
+        stub.SimWorld = stub.load_default = boom  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, stub.__name__, stub)
+    monkeypatch.setattr("rollserve.models.worlds.expensive", boom, raising=False)
+    for world in ("sim", "learned", "video", "toy", "rollserve.models.worlds:expensive"):
+        assert isinstance(build_app({"world": world}), serve.Application)
+
+
+def test_a_status_code_mode_the_cli_refuses_is_refused_by_name() -> None:
+    with pytest.raises(UsageError) as err:
+        build_app({"world": "toy", "rollout_status_codes": "semantic"})
+    assert str(err.value) == (
+        "argument rollout_status_codes: invalid choice: 'semantic' (choose from 'vllm-omni', 'strict')"
+    )
+    assert isinstance(build_app({"world": "toy", "rollout_status_codes": "strict"}), serve.Application)
+
+
+def test_an_openpi_layout_the_cli_refuses_is_refused_by_name() -> None:
+    with pytest.raises(UsageError) as err:
+        build_app({"policy": "rollserve.models.checkpoint:load_default", "openpi_layout": "bridge"})
+    assert str(err.value) == (
+        "argument openpi_layout: invalid choice: 'bridge' (choose from 'auto', 'droid', 'aloha', 'libero')"
+    )
+    assert isinstance(build_app({"world": "toy", "openpi_layout": "aloha"}), serve.Application)
+
+
+def _serve_error(*argv: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys; from rollserve.cli import main; sys.exit(main())",
+         "serve", "--port", "0", *argv],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    return result.stderr.strip().splitlines()[-1]
+
+
+def test_serve_ray_refuses_an_unknown_world_as_one_process_does_before_starting_ray() -> None:
+    alone = _serve_error("--world", "nope")
+    assert (
+        alone
+        == "rollserve serve: error: unknown world 'nope': use sim, learned, video, toy or module.path:factory"
+    )
+    assert _serve_error("--ray", "--world", "nope") == alone

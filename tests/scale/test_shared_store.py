@@ -51,12 +51,15 @@ class LocalTable:
     def __init__(self, table: SessionTable, commit_barrier: asyncio.Barrier | None = None) -> None:
         self.table = table
         self.commit_barrier = commit_barrier
+        self.insert_barrier: asyncio.Barrier | None = None
         self.calls: list[str] = []
 
     async def __call__(self, method: str, *args: Any) -> Any:
         self.calls.append(method)
         if method == "commit" and self.commit_barrier is not None:
             await self.commit_barrier.wait()  # both racers hold a result before either commits
+        if method == "insert" and self.insert_barrier is not None:
+            await self.insert_barrier.wait()  # both forks drew their seeds before either lands
         await asyncio.sleep(0)
         answer = getattr(self.table, method)(*pickle.loads(pickle.dumps(args)))
         return pickle.loads(pickle.dumps(answer))
@@ -104,7 +107,7 @@ def test_table_commit_is_a_compare_and_set() -> None:
     assert table.commit(sid, _commit((0, 0), 1), this)[0] == "ok"
     assert (table.commits, table.conflicts) == (2, 4)
     assert table.open(sid, False, (this, 0, 1))[1].keys() == {
-        "epoch", "committed_step_id", "context_length", "closed_reason", "last_used"
+        "epoch", "committed_step_id", "context_length", "closed_reason", "last_used", "seeds"
     }  # fmt: skip
     assert table.open(sid, False, (this, 0, 0))[1]["state"] == "state1"  # a stale copy gets the whole record
     assert table.open(sid, False, ("earlier", 0, 1))[1]["incarnation"] == this  # so does another session's
@@ -219,6 +222,95 @@ async def test_batch_step_is_one_model_call_per_replica_for_its_items(pair) -> N
     ra, rb = await asyncio.gather(a.batch_step(first), b.batch_step(second))
     assert all(r.status == "ok" for r in ra.results + rb.results)
     assert [len(c) for c in worlds[0].step_calls] == [2] and [len(c) for c in worlds[1].step_calls] == [2]
+
+
+# -- forks draw from the source's seed sequence, wherever they run ------------------------------------------
+def seed_draws(seed: int) -> np.random.Generator:
+    """The seed sequence of a session created with ``seed``: each unseeded reset draws
+    ``integers(2**31)`` from it, each fork ``integers(2**63)`` to seed the fork's own sequence."""
+    return np.random.default_rng(seed)
+
+
+def fork_reset_seed(draws: np.random.Generator) -> int:
+    """The seed of the first unseeded reset of the fork whose draw comes next from ``draws``."""
+    return int(np.random.default_rng(draws.integers(2**63)).integers(2**31))
+
+
+def last_seed(world: single.RecordingWorld) -> int:
+    return world.init_calls[-1][0].seed
+
+
+async def test_forks_of_one_source_on_either_replica_draw_what_one_process_draws(pair) -> None:
+    a, b, _, worlds = pair
+    sid = await new_session(a, seed=3)
+    draws = seed_draws(3)
+    for forker, resetter in ((a, b), (b, a), (b, b), (a, a)):
+        fork = await forker.fork_session(sid)
+        await resetter.reset_session(fork.session_id)
+        assert last_seed(worlds[(a, b).index(resetter)]) == fork_reset_seed(draws)
+
+
+async def test_a_reset_after_a_fork_on_the_other_replica_draws_the_next_seed(pair) -> None:
+    a, b, _, worlds = pair
+    sid = await new_session(a, seed=4)
+    draws = seed_draws(4)
+    first, second = await a.fork_session(sid), await b.fork_session(sid)
+    await a.reset_session(sid)  # a's copy of the source is current by its counters, but b's fork drew
+    want_first, want_second = fork_reset_seed(draws), fork_reset_seed(draws)
+    assert last_seed(worlds[0]) == int(draws.integers(2**31))
+    await b.reset_session(first.session_id)
+    await b.reset_session(second.session_id)
+    assert [call[0].seed for call in worlds[1].init_calls[-2:]] == [want_first, want_second]
+
+
+async def test_racing_forks_on_two_replicas_get_different_seeds(pair) -> None:
+    a, b, _, worlds = pair
+    sid = await new_session(a, seed=5)
+    a.store._call.insert_barrier = b.store._call.insert_barrier = asyncio.Barrier(2)
+    forks = await asyncio.gather(a.fork_session(sid), b.fork_session(sid))
+    a.store._call.insert_barrier = b.store._call.insert_barrier = None
+    seeds = []
+    for fork in forks:
+        await a.reset_session(fork.session_id)
+        seeds.append(last_seed(worlds[0]))
+    draws = seed_draws(5)
+    assert sorted(seeds) == sorted(fork_reset_seed(draws) for _ in forks)  # landed in either order
+    await a.reset_session(sid)
+    assert last_seed(worlds[0]) == int(draws.integers(2**31))  # the source moved past both draws
+
+
+def _session(sid: str, seed: int, forked_from: str | None = None) -> RolloutSession:
+    return RolloutSession(
+        sid, "toy", "m", 0.0, "s0", "s0", np.zeros(2), np.random.default_rng(seed), forked_from=forked_from
+    )
+
+
+def test_the_table_draws_a_forks_seeds_from_the_source_only_when_the_fork_lands() -> None:
+    table = SessionTable(3, 60.0)
+    source = _session("src", 3)
+    table.insert(to_record(source))
+    table.insert(to_record(_session("taken", 1)))
+    untouched = seed_draws(3).bit_generator.state
+
+    def source_seeds() -> dict:
+        return table.find("src")["seeds"].bit_generator.state
+
+    taken = table.insert(to_record(_session("taken", 0, "src")), source.incarnation)
+    assert taken[:2] == ("error", "session_exists") and source_seeds() == untouched
+    earlier = table.insert(to_record(_session("f", 0, "src")), "an earlier session with the id")
+    assert earlier[:2] == ("error", "session_closed") and source_seeds() == untouched
+    landed = table.insert(to_record(_session("f", 0, "src")), source.incarnation)
+    draws = seed_draws(3)
+    fork_seeds = np.random.default_rng(draws.integers(2**63))
+    assert landed[0] == "ok" and landed[1][1].bit_generator.state == fork_seeds.bit_generator.state
+    assert table.find("f")["seeds"].bit_generator.state == fork_seeds.bit_generator.state
+    assert source_seeds() == draws.bit_generator.state
+    full = table.insert(to_record(_session("g", 0, "src")), source.incarnation)
+    assert full[:2] == ("error", "at_capacity") and source_seeds() == draws.bit_generator.state
+    table.retire("taken")
+    table.retire("src")
+    closed = table.insert(to_record(_session("g", 0, "src")), source.incarnation)
+    assert closed[:2] == ("error", "session_closed") and table.find("g") is None
 
 
 # -- a client-chosen id used again: a replica's view of the earlier session must never serve it ------

@@ -22,7 +22,12 @@ from ray import serve
 
 from rollserve.cli import checked, non_negative_float, non_negative_int, positive_float, positive_int
 from rollserve.scale.actor import table_actor, table_call
-from rollserve.scale.launch import HTTP_OPTIONS_SETTINGS, PROXY_OWNED_SETTINGS, proxy_owned_refusal
+from rollserve.scale.launch import (
+    HTTP_OPTIONS_SETTINGS,
+    PROXY_OWNED_SETTINGS,
+    flag_check,
+    proxy_owned_refusal,
+)
 from rollserve.scale.metrics import merge_reports
 from rollserve.scale.store import SharedRolloutStore
 from rollserve.server.metrics import METRICS
@@ -53,6 +58,7 @@ SETTING_CHECKS: dict[str, Callable[[str], Any]] = {
     "refusal_delay_max_ms": non_negative_float,
     "refused_connection_lanes": non_negative_int,
     "max_frame_bytes": positive_int,
+    "rollout_status_codes": flag_check("--status-codes"),
 }
 # The Serve deployment's own args: (default, check)
 DEPLOYMENT_ARGS: dict[str, tuple[Any, Callable[[str], Any]]] = {
@@ -62,6 +68,24 @@ DEPLOYMENT_ARGS: dict[str, tuple[Any, Callable[[str], Any]]] = {
 }
 SETTING_NAMES = {f.name for f in fields(ServerSettings)} - {"limits"} | {"max_frame_bytes"}
 NOT_FOR_REPLICAS = ("limits", *PROXY_OWNED_SETTINGS, *HTTP_OPTIONS_SETTINGS)
+# load_world's own names (models/worlds.py): the builder passes them without building the world
+BUILT_IN_WORLDS = ("sim", "learned", "video", "toy")
+
+
+def check_world(spec: str) -> None:
+    """Refuse a ``world`` that ``rollserve serve --world`` refuses, in its words (``WorldLoadError``),
+    without building it: that is each replica's job, on its own devices. A built-in name passes;
+    ``module.path:factory`` must import and name a factory (not called here); anything else is
+    ``load_world``'s own refusal, which it gives before loading anything."""
+    from rollserve.models import worlds
+
+    if spec in BUILT_IN_WORLDS:
+        return
+    module_name, sep, attr = spec.partition(":")
+    if sep and module_name and attr:
+        worlds._world_factory(spec, module_name, attr)
+    else:
+        worlds.load_world(spec)
 
 
 def checked_settings(settings: dict[str, Any]) -> dict[str, Any]:
@@ -106,6 +130,9 @@ class ReplicaConfig:
         """Refuse once, in the builder, what every replica would otherwise ignore or die on."""
         if not (self.policy or self.world):
             raise ValueError("the app serves nothing: give policy or world (or both)")
+        if self.world:
+            check_world(str(self.world))
+        checked("openpi_layout", flag_check("--openpi-layout"), self.openpi_layout)
         checked_settings(self.settings)
 
     def server_settings(self) -> ServerSettings:

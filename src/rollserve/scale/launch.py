@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from rollserve.server.launch import add_arguments, policy_kwargs_of
@@ -72,6 +73,22 @@ def flags_without_effect(args: argparse.Namespace) -> list[str]:
     return [
         flag for dest, flag in PROXY_OWNED_FLAGS.items() if getattr(args, dest) != defaults.get_default(dest)
     ]
+
+
+def flag_check(flag: str) -> Callable[[str], str]:
+    """The check ``rollserve serve`` makes of ``flag``'s value (its ``choices``), as a type for
+    ``cli.checked``: a Serve config's ``args`` are refused what the flag is refused, in its words."""
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_arguments(parser)
+
+    def check(text: str) -> str:
+        try:
+            parser.parse_args([f"{flag}={text}"])  # one token: a value starting with "-" is a value
+        except argparse.ArgumentError as exc:
+            raise argparse.ArgumentTypeError(exc.message) from None
+        return text
+
+    return check
 
 
 def serve_on_ray(args: argparse.Namespace, settings: ServerSettings) -> int:

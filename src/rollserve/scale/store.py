@@ -2,12 +2,12 @@
 
 Each replica keeps a view (a ``RolloutSession`` with its own lock) of the sessions it served. The
 view is only a cache (affinity): every request first asks the table (``open``), which answers
-with the counters alone when the view's ``(incarnation, epoch, committed_step_id)`` is current and
-with the whole record otherwise (the incarnation because a client may reuse an id once its session
-is gone, and the new session can reach the same counters). A commit is the table's compare-and-set
-(on the incarnation too); when it loses, the view is refreshed from the table and
-``RolloutService`` checks the request again, so the loser of a race gets the stored result just as
-a duplicate does. Two round trips per step, the state crossing once."""
+with the counters and seed sequence alone when the view's ``(incarnation, epoch,
+committed_step_id)`` is current and with the whole record otherwise (the incarnation because a
+client may reuse an id once its session is gone, and the new session can reach the same
+counters). A commit is the table's compare-and-set (on the incarnation too); when it loses, the
+view is refreshed from the table and ``RolloutService`` checks the request again, so the loser of
+a race gets the stored result just as a duplicate does. Two round trips per step, the state crossing once."""
 
 from __future__ import annotations
 
@@ -37,7 +37,12 @@ class SharedRolloutStore:
         return _unwrap(await self._call("claim", session_id))
 
     async def insert(self, session: RolloutSession) -> RolloutSession:
-        session.last_used = _unwrap(await self._call("insert", to_record(session)))
+        """Add ``session``; a fork gets the seed sequence the table drew for it from its source's."""
+        source = None if session.forked_from is None else self._views.get(session.forked_from)
+        incarnation = None if source is None else source.incarnation
+        session.last_used, fork_seeds = _unwrap(await self._call("insert", to_record(session), incarnation))
+        if fork_seeds is not None:
+            session.seeds = fork_seeds
         self._keep(session)
         return session
 

@@ -11,17 +11,21 @@ they cross process boundaries, and exceptions with keyword state do not pickle r
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
+import numpy as np
+
 from rollserve.server.rollout.store import Commit, RolloutError, RolloutSession, RolloutStore, apply_commit
 
 # Everything a replica needs to serve a session; the lock is each process's own.
 RECORD_FIELDS = tuple(f.name for f in fields(RolloutSession) if f.name != "lock")
-# What a replica's cached view needs refreshed when its state is already current (affinity).
-COUNTER_FIELDS = ("epoch", "committed_step_id", "context_length", "closed_reason", "last_used")
+# What a replica's cached view needs refreshed when its state is already current (affinity): the
+# seed sequence too, which a fork on any replica advances without moving the counters.
+COUNTER_FIELDS = ("epoch", "committed_step_id", "context_length", "closed_reason", "last_used", "seeds")
 
 Answer = tuple[Any, ...]
 View = tuple[str, int, int]  # (incarnation, epoch, committed_step_id)
@@ -43,6 +47,13 @@ def change_of(change: Commit) -> dict[str, Any]:
 def view_of(session: RolloutSession) -> View:
     """What makes a copy of a session current: which session of its id, and its committed counters."""
     return (session.incarnation, session.epoch, session.committed_step_id)
+
+
+def fork_draw(source_seeds: np.random.Generator) -> tuple[np.random.Generator, np.random.Generator]:
+    """A fork's seed sequence, drawn from its source's as ``RolloutService`` draws it in one process,
+    and the source's sequence after the draw (a copy: the source keeps it only once the fork lands)."""
+    draws = copy.deepcopy(source_seeds)
+    return np.random.default_rng(draws.integers(2**63)), draws
 
 
 def _refusal(exc: RolloutError) -> Answer:
@@ -69,17 +80,42 @@ class SessionTable:
         except RolloutError as exc:
             return _refusal(exc)
 
-    def insert(self, record: dict[str, Any]) -> Answer:
+    def insert(self, record: dict[str, Any], source_incarnation: str | None = None) -> Answer:
+        """Add the session; answers ``(last_used, seeds)``, ``seeds`` a fork's (else None). A fork
+        (``forked_from``) lands only while its source is still the session ``source_incarnation``
+        the replica copied, and its seeds are drawn here, from the source's sequence as the table
+        holds it, which keeps the advanced sequence in the same call: two forks of a source get
+        different seeds wherever they ran, and a refused fork draws nothing."""
+        session = from_record(record)
+        source = draws = None
         try:
-            session = self.sessions.add(from_record(record))
+            self.sessions.reserve(session.session_id)
+            if session.forked_from is not None:
+                source = self._source(session.forked_from, source_incarnation, session.committed_step_id)
+                session.seeds, draws = fork_draw(source.seeds)
+            self.sessions.add(session)
         except RolloutError as exc:
             return _refusal(exc)
-        return ("ok", session.last_used)
+        if source is not None:
+            source.seeds = draws
+            return ("ok", (session.last_used, session.seeds))
+        return ("ok", (session.last_used, None))
+
+    def _source(self, source_id: str, incarnation: str | None, committed: int) -> RolloutSession:
+        """A fork's open source; refused when it closed, expired, or is a later session with its id
+        (``incarnation`` names the one the fork copied, at step ``committed``)."""
+        source = self.sessions.get(source_id)
+        if incarnation is not None and source.incarnation != incarnation:
+            raise RolloutError(
+                "session_closed", f"session {source_id!r} is closed", committed_step_id=committed
+            )
+        return source
 
     def open(self, session_id: str, include_closed: bool, have: View | None) -> Answer:
-        """The session (touched), whole, or only its counters when ``have`` shows the caller's copy
-        of the state is current: then nothing but a few integers crosses the wire. ``have`` names
-        the incarnation too: counters alone cannot tell a new session with a reused id from the old."""
+        """The session (touched), whole, or only its counters and seed sequence when ``have`` shows
+        the caller's copy of the state is current: then the state does not cross the wire. ``have``
+        names the incarnation too: counters alone cannot tell a new session with a reused id from
+        the old."""
         try:
             session = self.sessions.get(session_id, include_closed=include_closed)
         except RolloutError as exc:
