@@ -45,6 +45,24 @@ def test_batched_steps_equal_single_steps_and_are_deterministic(world) -> None:
     )
 
 
+def test_observations_stay_inside_the_published_bounds_far_from_the_data(world) -> None:
+    """Actions alternating between the action space's corners drive the ensemble far from its
+    training data (the cube's y left +-4 before predictions were clamped); every observation must
+    still be finite and inside the bounds the world publishes as its observation space."""
+    spec = world.spec
+    low, high = (np.asarray(b, dtype=np.float32) for b in (spec.observation_low, spec.observation_high))
+    corners = [np.asarray(b, dtype=np.float32) for b in (spec.action_low, spec.action_high)]
+    (out,) = world.initial_states([WorldInit(seed=0)])
+    reached = 0.0
+    for t in range(spec.max_episode_steps):
+        (out,) = world.step_batch([WorldStep(out.state, corners[t % 2])])
+        obs = np.asarray(out.observation)
+        assert np.all(np.isfinite(obs)) and np.all((low <= obs) & (obs <= high)), f"step {t}: {obs}"
+        np.testing.assert_array_equal(out.state.observation, obs)  # the next step starts from it
+        reached = max(reached, float(np.max(obs - high)), float(np.max(low - obs)))
+    assert reached == 0.0  # the rollout did reach a bound: the check above was not vacuous
+
+
 def test_short_horizon_error_against_the_simulator_is_small(world) -> None:
     episodes = training.collect(3, seed=4242, noise_levels=(0.02,), steps=20)
     report = training.horizon_errors(world, episodes)["horizon_steps"]

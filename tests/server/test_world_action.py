@@ -211,7 +211,7 @@ def test_serve_a_world_acting_with_the_served_policy(
         log.close()
 
 
-def test_batch_step_plans_every_acting_session_in_one_policy_call() -> None:
+def test_batch_step_plans_each_acting_session_with_its_own_policy_call() -> None:
     from rollserve.client.rollout_client import StepCall
     from rollserve.models.simple_policies import chunk_policy
 
@@ -221,11 +221,11 @@ def test_batch_step_plans_every_acting_session_in_one_policy_call() -> None:
         sids = [client.create_session("toy", seed=i)[0] for i in range(4)]
         calls = [StepCall(sid, 0, None) for sid in sids] + [StepCall("ghost", 0, None)]
         results = client.batch_step(calls)
-        assert policy.batch_sizes == [4]  # one model call plans all four sessions
+        assert policy.batch_sizes == [1, 1, 1, 1]  # one call per session: a batch never changes a plan
         assert all(r.actions is not None and r.actions.shape == (1, 8) for r in results[:4])  # type: ignore[union-attr]
         assert isinstance(results[4], RolloutRequestError) and results[4].code == "session_not_found"
         client.batch_step([StepCall(sid, 1, None) for sid in sids])
-        assert policy.batch_sizes == [4]  # the next three actions come from the stored plans
+        assert policy.batch_sizes == [1, 1, 1, 1]  # the next three actions come from the stored plans
 
 
 def test_the_learned_world_acts_too(policy) -> None:

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
@@ -61,6 +62,10 @@ def _connect(
     return client, owned, client.world(model)
 
 
+GONE = frozenset({"session_expired", "session_closed", "session_not_found"})
+"""Codes of a session the server no longer holds (idle past its TTL, closed, or lost in a restart)."""
+
+
 class _Session:
     """One remote session as an episode: its id, the next step id and the steps taken."""
 
@@ -71,13 +76,27 @@ class _Session:
         self.elapsed = 0
 
     def reset(self, seed: int | None) -> Any:
-        """The first observation: the tensor, or ``{"state", "images"}`` when the session renders."""
-        if self.session_id is None:
+        """The first observation: the tensor, or ``{"state", "images"}`` when the session renders.
+
+        A session the server no longer holds (say, it idled past the TTL during a long policy
+        update) is replaced by a new one from the same seed, so the env can always reset.
+        """
+        observed = self._restart(seed) if self.session_id is not None else None
+        if observed is None:
             self.session_id, observed = self.client.open_session(self.model, seed=seed, render=self.render)
-        else:
-            observed = self.client.restart(self.session_id, seed=seed)
         self.next_step, self.elapsed = 0, 0
         return observed.tensor if self.render is None else _pixels(observed)
+
+    def _restart(self, seed: int | None) -> Observed | None:
+        """The restarted session's first observation, or None (and no id) when the server lost it."""
+        assert self.session_id is not None
+        try:
+            return self.client.restart(self.session_id, seed=seed)
+        except RolloutRequestError as exc:
+            if exc.code not in GONE:
+                raise
+            self.session_id = None
+            return None
 
     def observation(self, result: Any) -> Any:
         """What the env returns of a step result."""
@@ -101,7 +120,8 @@ class _Session:
 
 class RolloutEnv(gym.Env[np.ndarray, np.ndarray]):
     """One rollout session as a gymnasium env. ``reset(seed=s)`` is reproducible; an episode is
-    truncated after ``max_episode_steps`` (the world's own horizon by default)."""
+    truncated after ``max_episode_steps`` (the world's own horizon by default). A session the server
+    dropped (idle past its TTL, closed) is replaced by a new one at the next ``reset``."""
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
@@ -156,7 +176,14 @@ class RolloutEnv(gym.Env[np.ndarray, np.ndarray]):
 
 class RolloutVectorEnv(VectorEnv):
     """``num_envs`` sessions of one world, stepped together in one ``batch_step`` request (one batched
-    model call on the server). Finished sub-envs reset on the following ``step`` (next-step autoreset)."""
+    model call on the server). Finished sub-envs reset on the following ``step`` (next-step autoreset).
+
+    Seeds follow gymnasium's ``SyncVectorEnv``: ``reset(seed=s)`` seeds sub-env ``i`` with ``s + i``,
+    ``reset(seed=[...])`` with its own entry, and each sub-env keeps its own generator, seeded by its
+    last seeded reset, from which an unseeded reset or an autoreset draws the next seed (exactly as
+    ``RolloutEnv.reset()`` does). So sub-env ``i`` equals a ``RolloutEnv`` given the same seeds, and a
+    seeded run reproduces across autoresets whichever form the seed took.
+    """
 
     metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.NEXT_STEP}
 
@@ -183,24 +210,34 @@ class RolloutVectorEnv(VectorEnv):
         self.max_episode_steps = max_episode_steps or int(entry.get("max_episode_steps", 200))
         self._sessions = [_Session(self.client, entry["id"], render) for _ in range(num_envs)]
         self._needs_reset = np.zeros(num_envs, dtype=bool)
+        self._rngs: list[np.random.Generator | None] = [None] * num_envs  # per sub-env, as gymnasium's
 
     def reset(
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed if isinstance(seed, int) else None)
         if seed is None:
-            seeds: list[int | None] = [self._next_seed() for _ in range(self.num_envs)]
+            seeds: list[int | None] = [None] * self.num_envs
         elif isinstance(seed, int):
             seeds = [seed + i for i in range(self.num_envs)]
         else:
             seeds = list(seed)
-        obs = [s.reset(sd) for s, sd in zip(self._sessions, seeds, strict=True)]
+        if len(seeds) != self.num_envs:
+            raise ValueError(f"a seed list needs num_envs={self.num_envs} entries, got {len(seeds)}")
+        obs = [session.reset(self._seed(i, seeds[i])) for i, session in enumerate(self._sessions)]
         self._needs_reset[:] = False
         return self._batched(obs), {}
 
     def step(
         self, actions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """One step of every sub-env (finished ones reset instead), in one ``batch_step`` request.
+
+        When some items fail, every item that committed (or replayed) still counts: its sub-env
+        advances and its episode end is recorded, then the first item's error is raised. Those
+        sub-envs' transitions are lost to the caller, but the env stays usable: the next ``step``
+        retries each failed sub-env's step (with the new action) and moves the others on.
+        """
         actions = np.asarray(actions, dtype=np.float32)
         n = self.num_envs
         obs: list[Any] = [None] * n
@@ -208,18 +245,22 @@ class RolloutVectorEnv(VectorEnv):
         stepping = [i for i in range(n) if not self._needs_reset[i]]
         for i in range(n):
             if self._needs_reset[i]:
-                obs[i] = self._sessions[i].reset(self._next_seed())
+                obs[i] = self._sessions[i].reset(self._seed(i, None))
+                self._needs_reset[i] = False
         results = (
             self.client.batch_step([self._sessions[i].call(actions[i]) for i in stepping]) if stepping else []
         )
+        errors = [r for r in results if isinstance(r, RolloutRequestError)]
         for i, result in zip(stepping, results, strict=True):
             if isinstance(result, RolloutRequestError):
-                raise result
+                continue
             self._sessions[i].advance()
             obs[i] = self._sessions[i].observation(result)
             rewards[i], terminated[i] = result.reward, result.terminated
             truncated[i] = self._sessions[i].elapsed >= self.max_episode_steps and not result.terminated
         self._needs_reset = terminated | truncated
+        if errors:
+            raise errors[0]
         return self._batched(obs), rewards, terminated, truncated, {}
 
     def _batched(self, obs: list[Any]) -> Any:
@@ -232,8 +273,14 @@ class RolloutVectorEnv(VectorEnv):
             "images": {cam: np.stack([o["images"][cam] for o in obs]) for cam in cameras},
         }
 
-    def _next_seed(self) -> int:
-        return int(self.np_random.integers(2**31))
+    def _seed(self, i: int, seed: int | None) -> int:
+        """Sub-env ``i``'s reset seed: ``seed``, which also reseeds its generator (as ``Env.reset``
+        does), else the next draw of that generator (one from OS entropy if it was never seeded)."""
+        rng = self._rngs[i]
+        if seed is not None or rng is None:
+            rng, _ = seeding.np_random(seed)
+            self._rngs[i] = rng
+        return seed if seed is not None else int(rng.integers(2**31))
 
     def close_extras(self, **kwargs: Any) -> None:
         try:

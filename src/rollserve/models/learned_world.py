@@ -26,6 +26,10 @@ from rollserve.models.world import DROID_ACTION_NAMES, WorldInit, WorldOutput, W
 
 FORMAT = "rollserve.world_model"
 FORMAT_VERSION = 1
+STATE_BOUND = 4.0
+"""The published observation bounds (as the video world's). Joint angles (rad) and positions (m)
+of this task stay well inside them; a rollout driven far from the training data does not, so
+predictions are clamped to them and an observation is always inside ``observation_space``."""
 
 
 @dataclass(frozen=True)
@@ -204,8 +208,8 @@ class LearnedWorld:
             action_names=cfg.action_names,
             action_low=cfg.action_low or None,
             action_high=cfg.action_high or None,
-            observation_low=(-4.0,) * cfg.state_dim,
-            observation_high=(4.0,) * cfg.state_dim,
+            observation_low=(-STATE_BOUND,) * cfg.state_dim,
+            observation_high=(STATE_BOUND,) * cfg.state_dim,
             fps=cfg.control_hz,
             max_episode_steps=cfg.max_episode_steps,
             description=f"learned world model of the tabletop task ({cfg.ensemble}-member MLP ensemble)",
@@ -258,12 +262,14 @@ class LearnedWorld:
     def predict(
         self, obs: np.ndarray, change: np.ndarray, actions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Next observations (ensemble mean) and the members' spread (mean std, normalised units)."""
+        """Next observations (ensemble mean, kept finite and inside the published bounds, as
+        ``VideoWorld.predict`` does) and the members' spread (mean std, normalised units)."""
         t = [torch.as_tensor(x, dtype=torch.float32) for x in (obs, change, actions)]
         out = self.net(*t)
         mean = self.net.denormalise(out.mean(dim=0))
         spread = out.std(dim=0).mean(dim=-1) if out.shape[0] > 1 else torch.zeros(out.shape[1])
-        return (t[0] + mean).numpy().astype(np.float32), spread.numpy()
+        nxt = (t[0] + mean).nan_to_num_().clamp_(-STATE_BOUND, STATE_BOUND)
+        return nxt.numpy().astype(np.float32), spread.numpy()
 
     def close(self) -> None:
         pass

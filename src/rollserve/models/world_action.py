@@ -15,7 +15,11 @@ policy sees, and the actions still to execute from the last predicted chunk. Whe
 no action the world plays the next planned action, or, with none left, asks the policy for a chunk
 whose noise is seeded from the committed state vector; so the chosen action depends only on the
 committed state, and a retry, a replay, a fork or a second session from the same seed chooses the
-same one. A step with an action applies it and drops the plan (the client took over).
+same one. Each session is planned by its own policy call, also in a batch (see ``_plan``), so how
+steps were batched never changes a plan. The wrapped world still steps the batch in one call: the
+``sim`` world is exact, but the ``learned`` and ``video`` worlds' batched forward passes can differ
+in the last bits between batch compositions, and on them two twins stay bit-equal only when their
+steps were batched alike. A step with an action applies it and drops the plan (the client took over).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from rollserve.models.policy import Policy, PolicyRequest, make_processors
+from rollserve.models.policy import Policy, make_processors
 from rollserve.models.world import WorldInit, WorldModel, WorldOutput, WorldStep
 
 REFERENCE_POLICY = "rollserve.models.checkpoint:load_default"
@@ -83,7 +87,8 @@ class ActingWorld:
         ]
 
     def step_batch(self, steps: Sequence[WorldStep]) -> list[WorldOutput | BaseException]:
-        """Plan where needed (one policy call for the batch), then one step of the wrapped world."""
+        """Plan where needed (one policy call per item, see :meth:`_plan`), then one batched step of the
+        wrapped world."""
         empty = np.empty((0, self.spec.action_dim), np.float32)
         # per item: (action to apply, plan left afterwards), or the error that stops the item
         chosen: list[tuple[np.ndarray, np.ndarray] | BaseException] = []
@@ -122,33 +127,27 @@ class ActingWorld:
 
     # -- helpers -----------------------------------------------------------------------------------
     def _plan(self, observations: list[np.ndarray]) -> list[np.ndarray | BaseException]:
-        """The next ``execute`` robot-space actions for each observation, or the error that stopped it."""
-        if not observations:
-            return []
+        """The next ``execute`` robot-space actions for each observation, or the error that stopped it.
+
+        One policy call per observation, never one batched call: a batched forward pass rounds
+        differently with the batch's size and rows (the reference policy by ~1e-7), and the next
+        plan's noise seed hashes the exact state bits, so a twin session stepped in another batch
+        would drift away. Planned alone, the action depends only on the committed state.
+        """
+        return [self._plan_one(obs) for obs in observations]
+
+    def _plan_one(self, observation: np.ndarray) -> np.ndarray | BaseException:
+        """One state vector's plan; an error is returned, not raised, so it fails only its own item."""
         try:
-            batches = []
-            for obs in observations:
-                batch = self._processors.pre({"state": np.array(obs, dtype=np.float32)})
-                batch["seed"] = seed_of(obs)
-                batches.append(batch)
-            batched = getattr(self.policy, "predict_action_chunks", None)
-            if callable(batched):
-                chunks = batched([PolicyRequest(batch) for batch in batches])
-            else:
-                chunks = [self.policy.predict_action_chunk(batch) for batch in batches]
-            plans = []
-            for chunk in chunks:
-                robot = np.asarray(self._processors.post(np.asarray(chunk)), dtype=np.float32)[: self.execute]
-                if (
-                    robot.ndim != 2
-                    or robot.shape[1] != self.spec.action_dim
-                    or not np.all(np.isfinite(robot))
-                ):
-                    raise ValueError(f"policy returned an unusable chunk of shape {robot.shape}")
-                plans.append(_frozen(robot))
-            return plans
+            batch = self._processors.pre({"state": np.array(observation, dtype=np.float32)})
+            batch["seed"] = seed_of(observation)
+            chunk = self.policy.predict_action_chunk(batch)
+            robot = np.asarray(self._processors.post(np.asarray(chunk)), dtype=np.float32)[: self.execute]
+            if robot.ndim != 2 or robot.shape[1] != self.spec.action_dim or not np.all(np.isfinite(robot)):
+                raise ValueError(f"policy returned an unusable chunk of shape {robot.shape}")
+            return _frozen(robot)
         except Exception as exc:
-            return [exc] * len(observations)
+            return exc
 
     @staticmethod
     def _wrap(out: WorldOutput | BaseException, plan: np.ndarray) -> WorldOutput | BaseException:
