@@ -30,6 +30,7 @@ def save_net(net: nn.Module, config: _Config, path: str | Path, *, fmt: str, ver
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": fmt})
+    (out / WEIGHTS_FILE).chmod(0o644)  # safetensors writes 0600; a shipped file must be readable by all
     stored = {"format": fmt, "format_version": version, **config.to_dict()}
     (out / CONFIG_FILE).write_text(json.dumps(stored, indent=2) + "\n")
     return out

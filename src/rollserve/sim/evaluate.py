@@ -72,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     """Re-measure README's figures: the expert over seeds 0.., or the shipped policy over 100000.."""
     import argparse
 
+    from rollserve.cli import positive_int
+
     parser = argparse.ArgumentParser(prog="python -m rollserve.sim.evaluate", description=main.__doc__)
-    parser.add_argument("--episodes", type=int, default=100, help="seeded episodes (default 100)")
+    parser.add_argument("--episodes", type=positive_int, default=100, help="seeded episodes (default 100)")
     parser.add_argument(
         "--policy", action="store_true",
         help="score the shipped flow policy (synchronous, 8 actions per chunk, unseen seeds from 100000) "

@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import platform
+import shlex
 import time
 import zipfile
 from collections.abc import Callable
@@ -105,7 +106,12 @@ def load_npz(path: str | Path) -> dict[str, Any]:
 
 
 def _lr_at(step: int, config: TrainConfig) -> float:
-    """Linear warm-up, then cosine decay to 0."""
+    """Linear warm-up over ``warmup_steps``, then cosine decay to 0 by the last step.
+
+    The warm-up is fixed (500 steps by default), not a share of ``steps``: with ``steps <=
+    warmup_steps`` it never finishes, the rate only climbs to ``lr * steps / warmup_steps`` and
+    never decays.
+    """
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
     progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
@@ -120,6 +126,30 @@ def flow_matching_loss(
     tau = torch.rand(chunks.shape[0], generator=generator)
     x_tau = tau[:, None, None] * chunks + (1.0 - tau[:, None, None]) * noise
     return torch.mean((net(x_tau, states, tau) - (chunks - noise)) ** 2)
+
+
+SAVED_NET_LOSS_ROWS = 8192
+"""Rows of the fixed batch that scores the saved net (all rows of a smaller dataset)."""
+
+
+def fixed_batch_loss(net: VelocityNet, data: dict[str, Any], chunk_size: int, *, seed: int = 0) -> float:
+    """Flow-matching loss of ``net`` on a fixed batch of the training data.
+
+    Rows, noise and tau come from a generator of their own, so scoring the saved (EMA) net never
+    touches the RNG that training or evaluation use; the same net and data always give the same
+    number.
+    """
+    dataset = ChunkDataset.from_arrays(data, chunk_size)
+    generator = torch.Generator().manual_seed(seed)
+    rows = torch.randperm(len(dataset.states), generator=generator)[:SAVED_NET_LOSS_ROWS]
+    states, chunks = torch.from_numpy(dataset.states)[rows], torch.from_numpy(dataset.chunks)[rows]
+    with torch.no_grad():
+        return float(flow_matching_loss(net, states, chunks, generator))
+
+
+def ema_init_share(config: TrainConfig) -> float:
+    """Weight the EMA (no bias correction) still gives the untrained initial net after training."""
+    return config.ema_decay**config.steps if config.ema_decay > 0 else 0.0
 
 
 ProgressFn = Callable[[int, float], None]
@@ -208,7 +238,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="expert noise when generating",
     )  # fmt: skip
     parser.add_argument("--out", type=output_dir, default="runs/flow_policy", help="checkpoint directory")
-    parser.add_argument("--steps", type=positive_int, default=defaults.steps)
+    parser.add_argument(
+        "--steps", type=positive_int, default=defaults.steps,
+        help=f"optimiser steps (default {defaults.steps}); the learning rate warms up linearly over the "
+        f"first {defaults.warmup_steps} (never finishing in a shorter run), then decays to 0; the saved "
+        f"net is an EMA (decay {defaults.ema_decay}) that needs about 3000 steps to forget the untrained "
+        "initial weights",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--batch-size", type=positive_int, default=defaults.batch_size)
     parser.add_argument("--lr", type=positive_float, default=defaults.lr)
@@ -225,6 +261,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _ensure_dataset(args: argparse.Namespace) -> Path:
+    """The dataset file: ``--data`` as is when it exists, else generated from the generation flags."""
     if args.data is None:
         name = f"tabletop_{args.episodes}ep_seed{args.data_seed}_noise{args.action_noise:g}.npz"
         args.data = checked("--data", output_file, Path("data") / name)  # before generating, not after
@@ -279,14 +316,40 @@ def _train_with_progress(data: dict[str, Any], config: TrainConfig) -> tuple[Flo
         return train_flow_policy(data, config, on_step=on_step)
 
 
-def _command_line(args: argparse.Namespace) -> str:
-    """The full command that reproduces this run (every option spelled out)."""
-    parts = ["rollserve train policy"]
+GENERATION_FLAGS = {"episodes": "episodes", "data_seed": "seed", "action_noise": "action_noise"}
+"""Dataset-generation flag -> its key in the recorded ``generated_with``."""
+
+
+def _generated_with(data: dict[str, Any]) -> dict[str, Any] | None:
+    """How the dataset file says it was generated (from its ``meta_json``), or None when it does not.
+
+    Read from the file rather than the flags: a ``--data`` file that already exists is used as is,
+    whatever ``--episodes``, ``--data-seed`` and ``--action-noise`` say.
+    """
+    meta_raw = data.get("meta_json")
+    meta = json.loads(str(meta_raw)) if meta_raw is not None else {}
+    keys = {"episodes": "num_episodes", "seed": "seed", "action_noise": "action_noise"}
+    if not all(key in meta for key in keys.values()):
+        return None
+    return {name: meta[key] for name, key in keys.items()}
+
+
+def _command_line(args: argparse.Namespace, generated_with: dict[str, Any] | None) -> str:
+    """The full command that reproduces this run (every option spelled out, shell-quoted).
+
+    The generation flags are the dataset's own (``generated_with``), so the command regenerates the
+    same file where it is missing; they are left out when the file does not record them.
+    """
+    parts = ["rollserve", "train", "policy"]
     for key, value in vars(args).items():
         if key in {"command", "eval_episodes", "out"} or callable(value):
             continue
-        parts.append(f"--{key.replace('_', '-')} {value}")
-    return " ".join(parts)
+        if key in GENERATION_FLAGS:
+            if generated_with is None:
+                continue
+            value = generated_with[GENERATION_FLAGS[key]]
+        parts += [f"--{key.replace('_', '-')}", str(value)]
+    return shlex.join(parts)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -306,37 +369,54 @@ def main(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     policy, losses = _train_with_progress(data, config)
     seconds = time.perf_counter() - started
+    generated_with = _generated_with(data)
     policy.info = {
-        "command": _command_line(args),
+        "command": _command_line(args, generated_with),
         "train_config": asdict(config),
         "dataset": {
             "file": data_path.name,
             "frames": len(data["states"]),
             "episodes": len(data["success"]) if "success" in data else None,
-            "generated_with": {
-                "episodes": args.episodes,
-                "seed": args.data_seed,
-                "action_noise": args.action_noise,
-            },
+            "generated_with": generated_with,
         },
-        "final_loss_avg100": float(np.mean(losses[-100:])),
+        "final_loss_avg100": float(np.mean(losses[-100:])),  # the online net's, on its training batches
+        "final_loss_saved_net": fixed_batch_loss(policy.net, data, config.chunk_size),
         "train_seconds": round(seconds, 1),
         "threads": args.threads,
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
+    out = save_flow_policy(policy, args.out)  # before evaluating: a failed evaluation loses no training
+    _report(policy, config, seconds)
     if args.eval_episodes > 0:
-        from rollserve.training.policy_eval import evaluate_policy
-
-        result = evaluate_policy(policy, episodes=args.eval_episodes)
-        policy.info["evaluation"] = result
-        print(f"success {result['successes']}/{result['episodes']} = {result['success_rate']:.0%}")
-    out = save_flow_policy(policy, args.out)
-    print(
-        f"trained {config.steps} steps in {seconds:.0f} s, final loss {policy.info['final_loss_avg100']:.4f}"
-    )
+        _evaluate(policy, args.eval_episodes)
+        save_flow_policy(policy, out)  # the same weights, now with the evaluation in config.json
     print(f"checkpoint -> {out}")
     return 0
+
+
+def _report(policy: FlowMatchingPolicy, config: TrainConfig, seconds: float) -> None:
+    """Both losses, named: the online net's during training and the saved (EMA) net's."""
+    print(
+        f"trained {config.steps} steps in {seconds:.0f} s: training loss (online net, mean of the last "
+        f"{min(100, config.steps)} steps) {policy.info['final_loss_avg100']:.4f}, "
+        f"saved EMA net loss (fixed batch) {policy.info['final_loss_saved_net']:.4f}"
+    )
+    share = ema_init_share(config)
+    if share > 0.05:
+        print(
+            f"note: the saved EMA net still weighs the untrained initial net {share:.0%}; "
+            "it needs about 3000 steps (--steps) to leave it behind"
+        )
+
+
+def _evaluate(policy: FlowMatchingPolicy, episodes: int) -> None:
+    """Closed-loop success in the sim, stored in ``policy.info``; chunks under 8 execute whole."""
+    from rollserve.training.policy_eval import evaluate_policy
+
+    result = evaluate_policy(policy, episodes=episodes, execute_steps=min(8, policy.metadata.chunk_size))
+    policy.info["evaluation"] = result
+    print(f"success {result['successes']}/{result['episodes']} = {result['success_rate']:.0%}")
 
 
 def synthetic_dataset(

@@ -42,6 +42,11 @@ from rollserve.models.video_world import (
 )
 
 HORIZONS = (1, 10, 40)
+DEFAULT_IMAGE_SIZE = 64
+MIN_IMAGE_SIZE = 16
+"""SSIM's 11x11 window needs frames at least this wide (a multiple of 8 for the 1/8 latent)."""
+MAX_IMAGE_SIZE = 256
+"""The scene's offscreen framebuffer (``offwidth`` in ``rollserve.sim.scene``)."""
 
 
 @dataclass(frozen=True)
@@ -315,7 +320,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--noise", type=non_negative_float, nargs="+", default=[0.0, 0.03, 0.08, 0.15],
         help="action noise (rad)",
     )  # fmt: skip
-    parser.add_argument("--image-size", type=positive_int, default=64, help="a multiple of 8")
+    parser.add_argument(
+        "--image-size", type=positive_int, default=None,
+        help=f"frame size: a multiple of 8 from {MIN_IMAGE_SIZE} to {MAX_IMAGE_SIZE} (default "
+        f"{DEFAULT_IMAGE_SIZE}; with --evaluate-only, the checkpoint's)",
+    )  # fmt: skip
     parser.add_argument("--latent-channels", type=positive_int, default=16)
     parser.add_argument("--width", type=positive_int, default=64)
     parser.add_argument("--dynamics-width", type=positive_int, default=32)
@@ -324,7 +333,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decoder-iterations", type=non_negative_int, default=500)
     parser.add_argument("--batch", type=positive_int, default=24)
     parser.add_argument("--unroll", type=positive_int, default=6, help="at most --steps")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
     parser.add_argument("--data", type=output_file, default=None, help="cache of rendered episodes (.npz)")
     parser.add_argument(
@@ -335,9 +344,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _check_arguments(args: argparse.Namespace) -> None:
     """Cross-flag checks argparse cannot do, before minutes of rendering."""
-    if args.image_size % 8:
+    size = args.image_size
+    if size is not None and (size % 8 or not MIN_IMAGE_SIZE <= size <= MAX_IMAGE_SIZE):
         raise UsageError(
-            f"argument --image-size: must be a multiple of 8 (the latent is 1/8), got {args.image_size}"
+            f"argument --image-size: must be a multiple of 8 (the latent is 1/8) from {MIN_IMAGE_SIZE} "
+            f"(SSIM's 11x11 window) to {MAX_IMAGE_SIZE} (the offscreen framebuffer), got {size}"
         )
     if not args.evaluate_only and args.unroll > args.steps:
         raise UsageError(f"argument --unroll: must be at most --steps ({args.steps}), got {args.unroll}")
@@ -372,8 +383,16 @@ def _log(message: str) -> None:
 
 
 def _evaluate_only(args: argparse.Namespace) -> int:
-    """``--evaluate-only``: the checkpoint at ``--out`` against freshly rendered held-out episodes."""
+    """``--evaluate-only``: the checkpoint at ``--out`` against freshly rendered held-out episodes,
+    at the checkpoint's own frame size (its encoder takes no other)."""
     net = _checkpoint_to_evaluate(args.out)
+    size = net.config.image_size
+    if args.image_size not in (None, size):
+        raise UsageError(
+            f"argument --image-size: the checkpoint at {args.out or default_checkpoint_dir()} takes "
+            f"{size}px frames, got {args.image_size} (leave it out with --evaluate-only)"
+        )
+    args.image_size = size
     eval_eps = _episodes(args, "eval", args.eval_episodes, args.seed + 10_000, (0.02,))
     print(json.dumps(horizon_errors(net, eval_eps), indent=2))
     return 0
@@ -387,6 +406,8 @@ def main(args: argparse.Namespace) -> int:
     if args.evaluate_only:
         return _evaluate_only(args)
     out_dir = checked("--out", output_dir, args.out or default_checkpoint_dir())
+    if args.image_size is None:
+        args.image_size = DEFAULT_IMAGE_SIZE
     started = time.perf_counter()
     eval_eps = _episodes(args, "eval", args.eval_episodes, args.seed + 10_000, (0.02,))
     train_eps = _episodes(args, "train", args.episodes, args.seed, tuple(args.noise))
@@ -406,26 +427,25 @@ def main(args: argparse.Namespace) -> int:
         seed=args.seed,
         log=_log,
     )
+    training = {
+        "episodes": args.episodes,
+        "steps": args.steps,
+        "noise_levels": list(args.noise),
+        "ae_iterations": args.ae_iterations,
+        "dyn_iterations": args.dyn_iterations,
+        "decoder_iterations": args.decoder_iterations,
+        "batch": args.batch,
+        "unroll": args.unroll,
+        "seed": args.seed,
+        "threads": args.threads,
+        "render_seconds": round(render_s, 1),
+    }
+    net.config = replace(config, training={**training, "seconds": round(time.perf_counter() - started, 1)})
+    out = save_video_world(net, out_dir)  # before the report: a failing report loses no training
     report = horizon_errors(net, eval_eps)
-    net.config = replace(
-        config,
-        training={
-            "episodes": args.episodes,
-            "steps": args.steps,
-            "noise_levels": list(args.noise),
-            "ae_iterations": args.ae_iterations,
-            "dyn_iterations": args.dyn_iterations,
-            "decoder_iterations": args.decoder_iterations,
-            "batch": args.batch,
-            "unroll": args.unroll,
-            "seed": args.seed,
-            "threads": args.threads,
-            "render_seconds": round(render_s, 1),
-            "seconds": round(time.perf_counter() - started, 1),
-            "evaluation": report,
-        },
-    )
-    out = save_video_world(net, out_dir)
+    training.update(seconds=round(time.perf_counter() - started, 1), evaluation=report)
+    net.config = replace(config, training=training)
+    save_video_world(net, out)
     print(json.dumps(report, indent=2))
     print(f"wrote {out}")
     return 0

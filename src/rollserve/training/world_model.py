@@ -285,7 +285,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--unroll-iterations", type=non_negative_int, default=3000, help="0 skips the multi-step phase"
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
     parser.add_argument(
         "--out", type=output_dir, default=None, help="checkpoint directory (default: the shipped one)"
