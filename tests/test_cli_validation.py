@@ -98,7 +98,9 @@ def test_serve_bad_world_spec_is_one_line(spec: str, expected: str, capsys: pyte
         ("--max-connections", "0"),
         ("--max-connections-per-client", "0"),
         ("--max-body-mb", "-1"),
+        ("--max-body-mb", "1e-9"),  # 0.001 bytes: rounds down to a limit of 0 bytes
         ("--max-frame-mb", "-1"),
+        ("--max-frame-mb", "1e-9"),
         ("--max-frame-mb", "nan"),
         ("--idle-timeout-s", "-5"),
         ("--max-json-values", "0"),
@@ -136,6 +138,34 @@ def test_serve_keeps_zero_where_it_turns_a_feature_off(flag: str) -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert getattr(parser.parse_args([flag, "0"]), flag[2:].replace("-", "_")) == 0
+
+
+@pytest.mark.parametrize("flag", ["--max-body-mb", "--max-frame-mb"])
+def test_serve_sizes_must_be_at_least_one_byte(flag: str, capsys: pytest.CaptureFixture) -> None:
+    import argparse
+
+    from rollserve.server.launch import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    # one byte is 1 / 1048576 = 9.5367e-07 MiB: 9.5e-07 MiB is 0.996 bytes, 9.6e-07 MiB 1.007 bytes
+    assert getattr(parser.parse_args([flag, "9.6e-07"]), flag[2:].replace("-", "_")) == 9.6e-07
+    with pytest.raises(SystemExit):
+        parser.parse_args([flag, "9.5e-07"])
+    assert f"argument {flag}: must be at least 1 byte" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("names", [",", " , ,"])
+def test_serve_action_names_need_a_name(
+    names: str, capsys: pytest.CaptureFixture, no_long_work: None
+) -> None:
+    spec = "rollserve.models.simple_policies:chunk_policy"
+    assert_usage_error(
+        ["serve", "--policy", spec, "--action-names", names],
+        capsys,
+        "argument --action-names:",
+        "rollserve serve",
+    )
 
 
 def test_serve_bad_port_in_a_real_process() -> None:

@@ -67,4 +67,4 @@ def test_serve_help_documents_the_lerobot_syntax() -> None:
     text = " ".join(parser.format_help().split())
     assert "'lerobot:PATH' for a LeRobot checkpoint directory" in text and "--action-names" in text
     args = parser.parse_args(["--policy", "lerobot:x", "--action-names", "a,b", "--policy-arg", "seed=3"])
-    assert policy_kwargs_of(args) == {"seed": 3, "action_names": "a,b"}
+    assert policy_kwargs_of(args) == {"seed": 3, "action_names": ["a", "b"]}

@@ -57,7 +57,15 @@ def create_app(
     async def healthz() -> str:
         return "OK\n"
 
-    @app.get("/health")
+    @app.get(
+        "/health",
+        responses={
+            503: {
+                "description": "engine_unavailable: a served engine is shut down (vLLM-Omni's error "
+                "body; in strict mode rollserve's)"
+            }
+        },
+    )
     async def health(request: Request) -> Response:
         """vLLM-Omni's health probe: 200 ``{"status": "healthy"}`` while every engine runs; 503
         ``engine_unavailable`` once one is closed (vLLM answers 503 when its engine is dead)."""

@@ -2,9 +2,14 @@
 
 uvicorn closes idle keep-alive connections, but a connection that sends half a request header and
 then trickles (or nothing) stays open forever, holding a file descriptor. This subclass of
-uvicorn's httptools protocol starts a timer when a connection opens and when each request begins,
-stops it when the request's headers are complete, and closes the connection when it fires or when
-the headers grow beyond a size cap. Bodies and websockets are unaffected (their own limits apply).
+uvicorn's httptools protocol starts a timer when a connection opens, when each request begins and
+when bytes arrive between requests (any byte cancels uvicorn's keep-alive timer, and httptools
+skips blank lines before a request line without beginning a request, so a client sending ``\r\n``
+now and then would otherwise hold the connection forever). It stops the timer when the request's
+headers are complete, and closes the connection when it fires or when the headers grow beyond a
+size cap: counted as they arrive while they are incomplete, and as parsed (URL, header names and
+values), so a whole oversized header block in one read is refused too, before any route runs.
+Bodies and websockets are unaffected (their own limits apply).
 
 It also gives each connection its :class:`RefusalStreak` (in every request's scope), so the
 routes can slow down a connection that keeps sending refused input (``server/penalty.py``).
@@ -24,12 +29,19 @@ _HEADERS_TOO_LARGE = (
 )
 
 
+class _HeadersTooLarge(Exception):
+    """A request's parsed headers passed the cap (raised inside a parser callback)."""
+
+
 def guarded_http_protocol(header_timeout_s: float, max_header_bytes: int) -> type[asyncio.Protocol]:
     """uvicorn's ``http`` protocol class with the deadline and cap baked in."""
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         _header_timer: asyncio.TimerHandle | None = None
-        _header_bytes = 0
+        _header_bytes = 0  # bytes received while this request's headers were incomplete
+        _parsed_header_bytes = 0  # this request's URL, header names and values as parsed
+        _headers_too_large = False
+        _in_message = False  # the parser is inside a request (its body may outlive its answer)
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -41,23 +53,62 @@ def guarded_http_protocol(header_timeout_s: float, max_header_bytes: int) -> typ
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
+            if self._header_timer is None and self._between_requests():
+                self._arm()  # bytes between requests: the next request's headers are due
             waiting = self._header_timer is not None
             super().data_received(data)
             if waiting and self._header_timer is not None:  # still inside the headers
                 self._header_bytes += len(data)
-                if self._header_bytes > max_header_bytes and not self.transport.is_closing():
-                    self.transport.write(_HEADERS_TOO_LARGE)
-                    self.transport.close()
+                if self._header_bytes > max_header_bytes:
+                    self._refuse_headers()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self.scope[SCOPE_KEY] = self._refusals  # type: ignore[literal-required]
+            self._parsed_header_bytes = 0
+            self._in_message = True
             if self._header_timer is None:
                 self._arm()
+
+        def on_url(self, url: bytes) -> None:
+            self._count_parsed(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count_parsed(len(name) + len(value))
+            super().on_header(name, value)
 
         def on_headers_complete(self) -> None:
             self._disarm()
             super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._in_message = False
+            super().on_message_complete()
+
+        def send_400_response(self, msg: str) -> None:
+            if self._headers_too_large:  # the parser stopped because _count_parsed raised
+                self._refuse_headers()
+            else:
+                super().send_400_response(msg)
+
+        def _between_requests(self) -> bool:
+            """Neither a request being received (a body answered early may still be arriving)
+            nor one being answered (a stray CRLF after a body must not cut a slow answer off)."""
+            return not self._in_message and (self.cycle is None or self.cycle.response_complete)
+
+        def _count_parsed(self, size: int) -> None:
+            """Raising stops httptools mid-request: no request is made of these headers, and
+            uvicorn answers the parser error through ``send_400_response`` (here, 431)."""
+            self._parsed_header_bytes += size
+            if self._parsed_header_bytes > max_header_bytes:
+                self._headers_too_large = True
+                raise _HeadersTooLarge
+
+        def _refuse_headers(self) -> None:
+            if not self.transport.is_closing():
+                self.transport.write(_HEADERS_TOO_LARGE)
+                self.transport.close()
 
         def _arm(self) -> None:
             self._header_bytes = 0

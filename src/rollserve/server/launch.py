@@ -13,7 +13,14 @@ import os
 import sys
 from typing import Any
 
-from rollserve.cli import non_negative_float, non_negative_int, port_number, positive_float, positive_int
+from rollserve.cli import (
+    UsageError,
+    non_negative_float,
+    non_negative_int,
+    port_number,
+    positive_float,
+    positive_int,
+)
 from rollserve.server.policy.openpi_layouts import AUTO, LAYOUT_NAMES
 from rollserve.server.running import EVENT_LOOPS, event_loop_name, listening_socket
 from rollserve.server.settings import ServerSettings
@@ -23,6 +30,21 @@ logger = logging.getLogger("rollserve.serve")
 
 DEFAULT_POLICY = "rollserve.models.checkpoint:load_default"  # served when neither --policy nor --world
 DEFAULT_WORLD = "sim"
+MIB = 1024 * 1024
+
+
+def mib_size(text: str) -> float:
+    """argparse type: a size in MiB of at least one byte (a size that rounds down to 0 bytes would
+    make a server that refuses every request)."""
+    mib = positive_float(text)
+    if size_bytes(mib) < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte ({1 / MIB:.3g} MiB), got {text}")
+    return mib
+
+
+def size_bytes(mib: float) -> int:
+    """A ``--max-*-mb`` value in whole bytes, as the server enforces it."""
+    return int(mib * MIB)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,9 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--openpi-layout", choices=(AUTO, *LAYOUT_NAMES), default=AUTO,
         help="observation keys openpi clients send (default: detect per request)",
     )  # fmt: skip
-    parser.add_argument(
-        "--max-frame-mb", type=positive_float, default=64.0, help="largest accepted frame, in MiB"
-    )
+    parser.add_argument("--max-frame-mb", type=mib_size, default=64.0, help="largest accepted frame, in MiB")
     limits = parser.add_argument_group(
         "limits against hostile or sloppy clients (docs/protocol.md, docs/rollout.md)"
     )
@@ -93,7 +113,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=32,
         help="policy websockets per client address",
     )
-    limits.add_argument("--max-body-mb", type=positive_float, default=16.0, help="largest REST body, in MiB")
+    limits.add_argument("--max-body-mb", type=mib_size, default=16.0, help="largest REST body, in MiB")
     limits.add_argument(
         "--max-json-values",
         type=positive_int,
@@ -113,7 +133,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--keep-alive-s",
         type=positive_float,
         default=5.0,
-        help="close an idle keep-alive HTTP connection after this",
+        help="close an idle keep-alive HTTP connection after this (fractions count; under --ray rounded "
+        "to whole seconds, at least 1: Serve's proxy takes whole seconds)",
     )
     limits.add_argument(
         "--max-connections",
@@ -130,7 +151,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--refusal-delay-max-ms",
         type=non_negative_float,
         default=100.0,
-        help="the most one refusal is delayed",
+        help="the most one refusal is delayed, also when below --refusal-delay-ms; 0: off",
     )
     limits.add_argument(
         "--refused-lanes", type=non_negative_int, default=1,
@@ -182,8 +203,16 @@ def policy_kwargs_of(args: argparse.Namespace) -> dict[str, Any]:
     """The policy factory's keyword arguments from the flags (also each Ray replica's)."""
     kwargs = parse_policy_args(args.policy_arg)
     if getattr(args, "action_names", None):
-        kwargs["action_names"] = args.action_names
+        kwargs["action_names"] = action_names_of(args.action_names)
     return kwargs
+
+
+def action_names_of(text: str) -> list[str]:
+    """``"x, y,,z"`` -> ``["x", "y", "z"]``: a factory gets names, never the string's characters."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise UsageError(f"argument --action-names: no names in {text!r}")
+    return names
 
 
 def _world_policy(spec: str | None, served: Any) -> Any:
@@ -274,6 +303,7 @@ def main(args: argparse.Namespace) -> int:
         args.policy, args.world = DEFAULT_POLICY, DEFAULT_WORLD
     try:
         loop = event_loop_name(args.loop)  # resolved once; a missing uvloop is a clear error, before loading
+        policy_kwargs = policy_kwargs_of(args)  # bad --policy-arg or --action-names: before the socket
     except ValueError as exc:
         print(f"rollserve serve: error: {exc}", file=sys.stderr)
         return 2
@@ -287,10 +317,10 @@ def main(args: argparse.Namespace) -> int:
         max_policy_sessions=args.max_sessions,
         rollout_status_codes=args.status_codes,
         max_rollout_sessions=args.max_rollout_sessions,
-        limits=WireLimits(max_frame_bytes=int(args.max_frame_mb * 1024 * 1024)),
+        limits=WireLimits(max_frame_bytes=size_bytes(args.max_frame_mb)),
         policy_idle_timeout_s=args.idle_timeout_s,
         max_connections_per_client=args.max_connections_per_client,
-        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        max_body_bytes=size_bytes(args.max_body_mb),
         max_json_values=args.max_json_values,
         rollout_idle_ttl_s=args.rollout_ttl_s,
         header_timeout_s=args.header_timeout_s,
@@ -312,7 +342,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     try:
         policy, rollout = load_services(
-            args.policy, args.world, settings, policy_kwargs=policy_kwargs_of(args),
+            args.policy, args.world, settings, policy_kwargs=policy_kwargs,
             execution_horizon=args.rtc_horizon, openpi_layout=args.openpi_layout,
             world_policy=args.world_policy,
         )  # fmt: skip

@@ -6,8 +6,9 @@ how fast the server answers it. So each connection keeps a count of refusals in 
 k-th the server waits ``min(max_s, base_s * 2**(k-1))`` before it reads that connection's next
 message (websockets) or sends the refusal (HTTP, where the next request cannot come sooner). One
 accepted request resets the count, so a client that never sends bad input never waits, and one
-that sends a single bad frame waits ``base_s`` once. Only what the client got wrong counts
-(malformed, too large, invalid); the server's own failures and "try later" answers do not.
+that sends a single bad frame waits ``base_s`` once (``max_s`` caps every delay, the first too).
+Only what the client got wrong counts (malformed, too large, invalid); the server's own failures
+and "try later" answers do not.
 
 Per connection, not per address: clients behind one address (NAT, one lab machine) must not slow
 each other down. A client that reconnects after every refusal starts at zero again, but pays a
@@ -45,18 +46,20 @@ class RefusalStreak:
 
 
 class RefusalPenalty:
-    """The delay rule, shared by every connection; ``base_ms == 0`` turns it off."""
+    """The delay rule, shared by every connection. ``max_ms`` caps every delay, the first one too
+    (also below ``base_ms``: it is the most one refusal is delayed); either at 0 turns it off."""
 
     def __init__(self, base_ms: float, max_ms: float, lanes: int = 1) -> None:
         self.base_s = max(0.0, base_ms) / 1000.0
-        self.max_s = max(self.base_s, max_ms / 1000.0)
+        self.max_s = max(0.0, max_ms) / 1000.0
+        self.on = self.base_s > 0.0 and self.max_s > 0.0
         self.lanes = lanes
         self._lane: asyncio.Semaphore | None = None  # made on first use, on the serving loop
 
     def lane(self, streak: RefusalStreak | None) -> contextlib.AbstractAsyncContextManager[Any]:
         """Where a connection handles its next input: the shared lane while it has a refusal
         streak (and the delay is on), else straight away."""
-        if streak is None or streak.count == 0 or self.base_s <= 0.0 or self.lanes <= 0:
+        if streak is None or streak.count == 0 or not self.on or self.lanes <= 0:
             return _STRAIGHT
         if self._lane is None:
             self._lane = asyncio.Semaphore(self.lanes)
@@ -64,7 +67,7 @@ class RefusalPenalty:
 
     def refused(self, streak: RefusalStreak) -> float:
         """Count one more refusal; returns how long to hold the connection (seconds)."""
-        if self.base_s <= 0.0:
+        if not self.on:
             return 0.0
         streak.count += 1
         return min(self.max_s, self.base_s * 2.0 ** min(streak.count - 1, 62))

@@ -63,7 +63,8 @@ def uvicorn_config(app, host: str, port: int, log_level: str = "warning") -> uvi
         ws=SteadyReadWebSocketProtocol,  # uvicorn's websockets-sansio, one pause per backlog, not per message
         ws_max_size=settings.limits.max_frame_bytes,
         ws_per_message_deflate=False,
-        timeout_keep_alive=max(1, round(settings.keep_alive_timeout_s)),
+        # typed int, but uvicorn only hands it to loop.call_later: a fraction is kept as given
+        timeout_keep_alive=settings.keep_alive_timeout_s,  # type: ignore[arg-type]
         limit_concurrency=settings.max_connections,
         lifespan="on",
         access_log=False,
