@@ -841,5 +841,5 @@ async def test_a_failing_on_batch_is_logged_and_fails_no_request(caplog: pytest.
         assert results == [0, 2, 4, 6, 8]
     finally:
         worker.close()
-    failures = [r for r in caplog.records if "on_batch callback failed" in r.getMessage()]
+    failures = [r for r in caplog.records if r.getMessage() == "the engine's on_batch callback failed"]
     assert len(failures) == 5 and all(r.exc_info and r.exc_info[0] is RuntimeError for r in failures)
