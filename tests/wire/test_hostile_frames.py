@@ -94,7 +94,8 @@ def test_too_many_images_are_refused_before_any_is_decoded() -> None:
     peak = _peak_bytes(lambda: decode_message(packb(body)))
     with pytest.raises(WireError) as info:
         decode_message(packb(body))
-    assert info.value.code == BAD_FIELD
+    assert info.value.code == BAD_IMAGE  # docs/protocol.md's error table: "more than 16 images"
+    assert info.value.message == "field 'images' must be a map of at most 16 images, got dict"
     assert peak < 4 * len(packb(body))  # one decoded 2048x2048 image alone would be 12 MB
 
 

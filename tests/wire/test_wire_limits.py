@@ -234,7 +234,8 @@ def test_at_most_max_images_keyed_by_camera_name() -> None:
     two = {"a": _image(2, 2), "b": _image(2, 2)}
     assert sorted(decode_observation(_obs(images=two), LIMITS).images) == ["a", "b"]
     too_many = "field 'images' must be a map of at most 2 images, got "
-    _refused(_obs(images={**two, "c": _image(2, 2)}), BAD_FIELD, too_many + "dict", decode_observation)
+    # too many is the images' code (docs/protocol.md: "more than 16 images"); not a map is a bad field
+    _refused(_obs(images={**two, "c": _image(2, 2)}), BAD_IMAGE, too_many + "dict", decode_observation)
     _refused(_obs(images=[1]), BAD_FIELD, too_many + "list", decode_observation)
     message = "field 'images' must be keyed by camera name, got bytes"
     _refused(_obs(images={b"cam": _image(2, 2)}), BAD_FIELD, message, decode_observation)

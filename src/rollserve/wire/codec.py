@@ -12,7 +12,14 @@ from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
-from rollserve.wire.errors import BAD_FIELD, MALFORMED_FRAME, SCHEMA_VERSION, UNKNOWN_MESSAGE, WireError
+from rollserve.wire.errors import (
+    BAD_FIELD,
+    BAD_IMAGE,
+    MALFORMED_FRAME,
+    SCHEMA_VERSION,
+    UNKNOWN_MESSAGE,
+    WireError,
+)
 from rollserve.wire.images import decode_images, encode_image
 from rollserve.wire.limits import DEFAULT_LIMITS, WireLimits
 from rollserve.wire.messages import (
@@ -49,15 +56,32 @@ __all__ = [
 # -- encoding ----------------------------------------------------------------------------------------
 _HEADER_FIELDS = tuple(f.name for f in dataclasses.fields(MsgHeader))
 _INT_ONLY = {int}
-_ARRAY_KINDS = frozenset({"array", "opt_array"})
-# Per message class: (field, kind) with kind None for fields that go as they are.
+# Field kind -> how encode_message writes it; kinds not listed go as they are. Numbers and bools are
+# "scalar": a numpy scalar there goes as its Python value (the decoder takes only those).
+_ENCODE_AS = {
+    "int": "scalar", "opt_int": "scalar", "float": "scalar", "bool": "scalar",
+    "header": "header", "images": "images", "array": "array", "opt_array": "array",
+}  # fmt: skip
+# Per message class: (field, how it is written), worked out once.
 _ENCODE_PLANS: dict[type, tuple[tuple[str, str | None], ...]] = {
     cls: tuple(
-        (name, kind if kind in _ARRAY_KINDS or kind in ("header", "images") else None)
+        (name, _ENCODE_AS.get(kind))
         for name, kind in cls.WIRE_FIELDS.items()  # type: ignore[attr-defined]
     )
     for cls in MESSAGE_TYPES.values()
 }
+
+
+def _plain_header(header: MsgHeader) -> dict[str, Any]:
+    """The header's fields, numpy scalars as their Python values (``np.int64(3)`` -> ``3``).
+
+    The packer would send a numpy scalar as a ``__npgeneric__`` map, which the decoder's int rule
+    refuses; its Python value keeps that rule (a ``np.bool_`` is still a bool, not an int).
+    """
+    fields = vars(header)  # a plain dataclass: its __dict__ is exactly its fields
+    if _INT_ONLY.issuperset(map(type, fields.values())):
+        return fields  # what every caller sends: no copy
+    return {name: value.item() if isinstance(value, np.generic) else value for name, value in fields.items()}
 
 
 def encode_message(msg: Message) -> bytes:
@@ -72,8 +96,10 @@ def encode_message(msg: Message) -> bytes:
         value = getattr(msg, name)
         if kind is None:
             body[name] = value
+        elif kind == "scalar":  # a numpy scalar as its Python value, as in _plain_header
+            body[name] = value.item() if isinstance(value, np.generic) else value
         elif kind == "header":
-            body[name] = vars(value)  # a plain dataclass: its __dict__ is exactly its fields
+            body[name] = _plain_header(value)
         elif kind == "images":
             quality = msg.jpeg_quality  # type: ignore[union-attr]
             body[name] = {cam: encode_image(image, quality, arrays.add) for cam, image in value.items()}
@@ -83,8 +109,8 @@ def encode_message(msg: Message) -> bytes:
 
 
 # -- decoding ----------------------------------------------------------------------------------------
-def _bad(name: str, expected: str, value: Any) -> WireError:
-    return WireError(BAD_FIELD, f"field {name!r} must be {expected}, got {type(value).__name__}")
+def _bad(name: str, expected: str, value: Any, code: str = BAD_FIELD) -> WireError:
+    return WireError(code, f"field {name!r} must be {expected}, got {type(value).__name__}")
 
 
 def _header(field: str, value: Any, limits: WireLimits, payload: Payload) -> MsgHeader:
@@ -175,8 +201,11 @@ def _opt_array(name: str, value: Any, limits: WireLimits, payload: Payload) -> n
 
 
 def _images(name: str, value: Any, limits: WireLimits, payload: Payload) -> dict[str, np.ndarray]:
-    if not isinstance(value, dict) or len(value) > limits.max_images:
-        raise _bad(name, f"a map of at most {limits.max_images} images", value)
+    expected = f"a map of at most {limits.max_images} images"
+    if not isinstance(value, dict):
+        raise _bad(name, expected, value)
+    if len(value) > limits.max_images:  # too many images: the images' code (docs/protocol.md)
+        raise _bad(name, expected, value, BAD_IMAGE)
     for cam, image in value.items():  # tensor maps left as maps by unpack_message become arrays
         if type(image) is dict:
             if NDARRAY_KEY in image:

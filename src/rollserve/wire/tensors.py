@@ -8,6 +8,7 @@ received buffer without copying.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,7 @@ def check_dtype(dtype_str: Any) -> np.dtype:
 def _parse_dtype(dtype_str: str) -> np.dtype:
     try:
         dtype = np.dtype(dtype_str)
-    except (TypeError, ValueError):
+    except Exception:  # not only TypeError/ValueError: np.dtype(",") raises SyntaxError
         raise WireError(UNSUPPORTED_DTYPE, f"unknown dtype {dtype_str!r}") from None
     if dtype.kind not in ALLOWED_KINDS or dtype.byteorder == ">" or dtype.fields is not None:
         raise WireError(
@@ -142,6 +143,13 @@ def decode_array(
     if count > limits.max_tensor_elements:
         raise WireError(
             TOO_MANY_ELEMENTS, f"{count} elements exceeds the limit of {limits.max_tensor_elements}"
+        )
+    if count == 0 and (others := math.prod(filter(None, shape))) > limits.max_tensor_elements:
+        # numpy still sizes an empty array by its other dimensions: (0, 2**63) raises ValueError
+        raise WireError(
+            TOO_MANY_ELEMENTS,
+            f"{others} elements besides the zeros of shape {shape} exceeds the limit of "
+            f"{limits.max_tensor_elements}",
         )
     if payload is None:
         data = obj.get(b"data")
