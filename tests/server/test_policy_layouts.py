@@ -74,6 +74,15 @@ def test_libero_detected_and_cameras_renamed_in_order() -> None:
         ),
         ({"state": np.zeros(2), "images": np.zeros((2, 3, 3), np.uint8)}, "aloha", "^'images' must be a map"),
         ({"state": np.zeros(2), "images": np.zeros(1, np.uint8)}, "aloha", "^'images' must be a map"),
+        # 17 images, refused before any is converted (the last is not even an image)
+        (
+            {
+                "state": np.zeros(2),
+                "images": {**{f"c{i}": np.zeros((2, 2, 3), np.uint8) for i in range(16)}, "x": 0},
+            },
+            "aloha",
+            r"^'images' holds 17 images; at most 16 are accepted$",
+        ),
     ],
 )
 def test_bad_observations_raise_layout_errors(obs: object, layout: str, match: str) -> None:
@@ -119,3 +128,9 @@ def test_a_layout_camera_the_client_did_not_send_is_missing_not_filled() -> None
     }
     with pytest.raises(LayoutError, match="needs 1 camera"):
         to_observation(droid, "droid", ("exterior_image_1_left",))
+
+
+def test_sixteen_images_are_accepted() -> None:
+    images = {f"c{i}": np.zeros((2, 2, 3), np.uint8) for i in range(16)}
+    observation, _ = to_observation({"state": np.zeros(2), "images": images}, "aloha")
+    assert list(observation["images"]) == list(images)

@@ -12,8 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from rollserve.wire.limits import DEFAULT_LIMITS
+
 LAYOUT_NAMES = ("droid", "aloha", "libero")
 MAX_PROMPT_CHARS = 4096  # as the session protocol's task (WireLimits.max_task_chars)
+MAX_IMAGES = DEFAULT_LIMITS.max_images  # as the session protocol's images
 AUTO = "auto"
 
 # openpi key -> camera name, in the order used when the policy's cameras have other names.
@@ -100,6 +103,8 @@ def aloha(obs: Mapping[str, Any]) -> dict[str, Any]:
         images = {}
     elif not isinstance(images, Mapping):  # before any truth test: an array has no truth value
         raise LayoutError("'images' must be a map of camera name to image")
+    if len(images) > MAX_IMAGES:  # counted before any image is converted, as on the session wire
+        raise LayoutError(f"'images' holds {len(images)} images; at most {MAX_IMAGES} are accepted")
     return {
         "state": _state(obs, ("state",)),
         "images": {str(cam): _image(image, f"images/{cam}") for cam, image in images.items()},
