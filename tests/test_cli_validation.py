@@ -48,7 +48,7 @@ def no_long_work(monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever each command does after checking its flags fails the test instead."""
     from rollserve.demo import runner
     from rollserve.server import launch
-    from rollserve.sim import dataset
+    from rollserve.sim import dataset, evaluate
     from rollserve.training import policy, video_world_model, world_model
 
     monkeypatch.setattr(launch, "listening_socket", _never("serve"))
@@ -58,6 +58,7 @@ def no_long_work(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(world_model, "collect", _never("world data collection"))
     monkeypatch.setattr(video_world_model, "collect", _never("video data collection"))
     monkeypatch.setattr(runner, "run_demo", _never("demo"))
+    monkeypatch.setattr(evaluate, "evaluate_expert", _never("expert evaluation"))
 
 
 @pytest.fixture
@@ -363,3 +364,59 @@ def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture) -> None:
 def test_help_still_exits_zero(capsys: pytest.CaptureFixture) -> None:
     code, _ = _run(["--help"], capsys)
     assert code == 0
+
+
+# -- train world: seeds and frame sizes -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("video", [[], ["--video"]])
+def test_train_world_refuses_a_negative_seed(
+    video: list[str], capsys: pytest.CaptureFixture[str], no_long_work: None
+) -> None:
+    assert_usage_error(["train", "world", *video, "--seed", "-1"], capsys, "argument --seed:", "must be >= 0")
+
+
+@pytest.mark.parametrize("size", ["8", "264", "512"])
+def test_train_video_world_refuses_frames_it_cannot_score_or_render(
+    size: str, capsys: pytest.CaptureFixture[str], no_long_work: None
+) -> None:
+    """Below 16 px SSIM's 11x11 window does not fit (after all the training); above 256 px the
+    scene's offscreen framebuffer is too small (at the first render)."""
+    argv = ["train", "world", "--video", "--image-size", size]
+    assert_usage_error(argv, capsys, "argument --image-size:", "from 16", "to 256")
+
+
+@pytest.mark.parametrize("size", ["16", "256"])
+def test_train_video_world_keeps_the_ends_of_the_range(size: str, tmp_path: Path, no_long_work: None) -> None:
+    with pytest.raises(pytest.fail.Exception, match="video data collection ran"):
+        cli_main(["train", "world", "--video", "--image-size", size, "--out", str(tmp_path / "v")])
+
+
+def test_evaluate_only_refuses_another_image_size_than_the_checkpoints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_long_work: None
+) -> None:
+    from rollserve.models.video_world import VideoWorldNet, save_video_world
+    from rollserve.training.video_world_model import task_config
+
+    save_video_world(VideoWorldNet(task_config(4, 8, 8, 16)), tmp_path / "v16")
+    argv = [
+        "train",
+        "world",
+        "--video",
+        "--evaluate-only",
+        "--out",
+        str(tmp_path / "v16"),
+        "--image-size",
+        "64",
+    ]
+    assert_usage_error(argv, capsys, "argument --image-size:", "16px", "got 64")
+
+
+def test_sim_evaluate_refuses_zero_episodes(capsys: pytest.CaptureFixture[str], no_long_work: None) -> None:
+    from rollserve.sim.evaluate import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--episodes", "0"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert "argument --episodes:" in err and "must be >= 1" in err, err

@@ -192,6 +192,24 @@ def test_reopening_elsewhere_makes_the_old_connection_unknown(
         assert isinstance(_ask(new, _obs_frame(1, epoch=1)), ActionChunkMsg)
 
 
+def _one_busy_then_three(policy: GatedPolicy, service: Any, robot: Any, http_url: str) -> None:
+    """Robot r0's request holds the model; r1..r3 are accepted meanwhile; then the model is let go."""
+    first = threading.Thread(target=robot, args=("r0",))
+    first.start()
+    assert policy.entered.wait(10)  # r0 occupies the model
+    others = [threading.Thread(target=robot, args=(f"r{i}",)) for i in (1, 2, 3)]
+    for thread in others:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while service.worker.queue_depth < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert service.worker.queue_depth == 3  # accepted while the model is busy: not serialized
+    assert httpx.get(http_url + "/healthz").status_code == 200  # event loop not blocked
+    policy.release.set()
+    for thread in [first, *others]:
+        thread.join(10)
+
+
 @pytest.mark.parametrize("batching", [True, False])
 def test_concurrent_clients_overlap_and_batch(batching: bool) -> None:
     policy = GatedPolicy(supports_batching=batching)
@@ -208,20 +226,7 @@ def test_concurrent_clients_overlap_and_batch(batching: bool) -> None:
 
     with server as running:
         server_url = running.ws_url
-        first = threading.Thread(target=robot, args=("r0",))
-        first.start()
-        assert policy.entered.wait(10)  # r0 occupies the model
-        others = [threading.Thread(target=robot, args=(f"r{i}",)) for i in (1, 2, 3)]
-        for thread in others:
-            thread.start()
-        deadline = time.monotonic() + 10
-        while service.worker.queue_depth < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert service.worker.queue_depth == 3  # accepted while the model is busy: not serialized
-        assert httpx.get(running.http_url + "/healthz").status_code == 200  # event loop not blocked
-        policy.release.set()
-        for thread in [first, *others]:
-            thread.join(10)
+        _one_busy_then_three(policy, service, robot, running.http_url)
     assert sorted(replies) == ["r0", "r1", "r2", "r3"]
     # Every request was in flight while r0's was: their time spans overlap.
     assert all(spans[name][0] < spans["r0"][1] for name in ("r1", "r2", "r3"))
@@ -255,19 +260,7 @@ def test_batch_size_and_inference_time_are_recorded_once_per_model_call() -> Non
     before = _engine_samples()
     with server as running:
         server_url = running.ws_url
-        first = threading.Thread(target=robot, args=("r0",))
-        first.start()
-        assert policy.entered.wait(10)  # r0 occupies the model
-        others = [threading.Thread(target=robot, args=(f"r{i}",)) for i in (1, 2, 3)]
-        for thread in others:
-            thread.start()
-        deadline = time.monotonic() + 10
-        while service.worker.queue_depth < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert service.worker.queue_depth == 3
-        policy.release.set()
-        for thread in [first, *others]:
-            thread.join(10)
+        _one_busy_then_three(policy, service, robot, running.http_url)
         after = _engine_samples()  # every reply is out: each batch was recorded before its replies
     assert sorted(replies) == ["r0", "r1", "r2", "r3"] and policy.batch_sizes == [1, 3]
     assert after["rollserve_batch_size_count"] - before["rollserve_batch_size_count"] == 2
