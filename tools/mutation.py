@@ -63,6 +63,8 @@ MODULES: dict[str, CoreModule] = {
             "tests/server/test_rollout_store.py",
             "tests/server/test_rollout_retries_and_refusals.py",
             "tests/server/test_rollout_create_conflict.py",
+            "tests/server/test_rollout_review_service.py",
+            "tests/client/test_rollout_client_aliases.py",
         ),
     ),
     "auth": CoreModule(("src/rollserve/server/auth.py",), ("tests/server/test_auth.py",)),

@@ -225,8 +225,13 @@ async def test_a_fork_that_another_replica_made_meanwhile_is_answered_not_refuse
             CreateSessionRequest(model="toy", seed=0, session_id="src"), raw_tensors=True
         )
         source = store.peek("src")
-        store.rival = dataclasses.replace(
-            source, session_id="child", forked_from="src", created_at=123.0, lock=asyncio.Lock()
+        store.rival = dataclasses.replace(  # a fork carries no create's print
+            source,
+            session_id="child",
+            forked_from="src",
+            created_at=123.0,
+            created_by=None,
+            lock=asyncio.Lock(),
         )
         fork = await service.fork_session("src", ForkSessionRequest(session_id="child"), raw_tensors=True)
         assert (fork.session_id, fork.forked_from, fork.created_at) == ("child", "src", 123.0)

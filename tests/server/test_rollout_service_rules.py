@@ -1075,8 +1075,11 @@ async def test_create_answers_with_the_new_session(service) -> None:
     assert before <= created.created_at <= time.time()
     assert (created.committed_step_id, created.context_length) == (-1, 0)
     np.testing.assert_array_equal(latent(created.observation), [10.0, 10.0, 10.0])
-    again = await service.create_session(CreateSessionRequest(model="pin", seed=9, session_id="c-1"))
+    again = await service.create_session(CreateSessionRequest(model="pin-v1", seed=5, session_id="c-1"))
     assert again.created_at == created.created_at and again.observation == created.observation
+    with pytest.raises(RolloutError) as err:  # another body under the same id: not a retry of it
+        await service.create_session(CreateSessionRequest(model="pin", seed=9, session_id="c-1"))
+    assert (err.value.code, err.value.committed_step_id) == ("session_exists", -1)
     with pytest.raises(RolloutError) as err:
         await service.create_session(CreateSessionRequest(model="other", session_id="c-1"))
     assert (err.value.code, err.value.message) == (
@@ -1323,7 +1326,7 @@ async def test_every_answer_uses_the_wire_it_was_asked_on(service) -> None:
         await service.create_session(CreateSessionRequest(model="pin", seed=1, session_id="w-1"))
     ).session_id
     again = await service.create_session(
-        CreateSessionRequest(model="pin", session_id="w-1"), raw_tensors=True
+        CreateSessionRequest(model="pin", seed=1, session_id="w-1"), raw_tensors=True
     )
     assert again.observation["encoding"] == "tensor"
     first = await service.step(sid, move(0), raw_tensors=True)

@@ -8,6 +8,7 @@ strict mode, chosen by the server flag and by the per-request header.
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -173,6 +174,10 @@ class Cases:
             ("unsupported_media_type", "reset"): lambda: self.post(self.create(), "reset", **form),
             ("unsupported_media_type", "fork"): lambda: self.post(self.create(), "fork", **form),
             ("unsupported_media_type", "create"): lambda: self.http.post("/v1/realtime/sessions", **form),
+            ("request_timeout", "step"): lambda: self.stalled(
+                f"/v1/realtime/sessions/{self.committed()}/step"
+            ),
+            ("request_timeout", "create"): lambda: self.stalled("/v1/realtime/sessions"),
             ("inference_error", "step"): lambda: self.post(
                 self.committed(), "step", json=step_body(1, BROKEN)
             ),
@@ -229,6 +234,28 @@ class Cases:
             return send()
         finally:
             self.service.engine = engine
+
+    def stalled(self, path: str) -> httpx.Response:
+        """Half a body and then nothing, under a short body deadline (httpx only sends whole
+        bodies, so on a raw socket); the answer, read until the server closes the connection."""
+        deadline, self.service.body_timeout_s = self.service.body_timeout_s, 0.2
+        mode = self.http.headers.get(HEADER)
+        lines = [f"POST {path} HTTP/1.1", "Host: x", "Content-Type: application/json", "Content-Length: 100"]
+        lines += [f"{HEADER}: {mode}"] if mode else []
+        url = self.http.base_url
+        try:
+            with socket.create_connection((url.host, url.port)) as sock:
+                sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + b'{"step_id"')
+                sock.settimeout(30.0)
+                raw = b""
+                while chunk := sock.recv(65536):
+                    raw += chunk
+        finally:
+            self.service.body_timeout_s = deadline
+        top, _, body = raw.partition(b"\r\n\r\n")
+        status_line, *fields = top.decode("latin-1").split("\r\n")
+        headers = [tuple(field.split(": ", 1)) for field in fields]
+        return httpx.Response(int(status_line.split()[1]), headers=headers, content=body)
 
     # -- faults injected into the live service, undone right after the request ----------------------
     def broken(self, method: str, send: Callable[[], httpx.Response]) -> httpx.Response:

@@ -177,10 +177,11 @@ class RolloutClient:
         return self._call("GET", "/v1/models")["data"]
 
     def world(self, model: str | None = None) -> dict[str, Any]:
-        """The ``/v1/models`` entry of a served world (the first one when ``model`` is None)."""
+        """The ``/v1/models`` entry of a served world (the first one when ``model`` is None), found
+        by its id or by one of its ``aliases`` (the other names the server creates it under)."""
         worlds = [m for m in self.models() if m.get("kind") == "world"]
         for entry in worlds:
-            if model is None or entry["id"] == model:
+            if model is None or entry["id"] == model or model in (entry.get("aliases") or ()):
                 return entry
         wanted = f"world {model!r}" if model else "world"
         raise RolloutRequestError("model_not_found", f"the server serves no {wanted}")

@@ -9,7 +9,8 @@ now and then would otherwise hold the connection forever). It stops the timer wh
 headers are complete, and closes the connection when it fires or when the headers grow beyond a
 size cap: counted as they arrive while they are incomplete, and as parsed (URL, header names and
 values), so a whole oversized header block in one read is refused too, before any route runs.
-Bodies and websockets are unaffected (their own limits apply).
+Bodies and websockets are unaffected: their own limits apply (a rollout body has its own read
+deadline, ``server/rollout/routes.py``).
 
 It also gives each connection its :class:`RefusalStreak` (in every request's scope), so the
 routes can slow down a connection that keeps sending refused input (``server/penalty.py``).

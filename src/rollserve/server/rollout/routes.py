@@ -10,6 +10,10 @@ thread, so a big body never stalls other clients; small ones stay on the event l
 A JSON body may hold at most ``max_json_values`` values (counted before parsing: ``json.loads``
 holds the GIL for its whole run), a msgpack body is budgeted while it unpacks. A connection whose
 requests keep being refused for what they hold gets its refusals later each time (``penalty``).
+A body must arrive within the service's ``body_timeout_s`` plus one second per
+:data:`BODY_MIN_RATE` bytes received (``request_timeout``, and the connection is closed): a client
+that sends part of a body and then nothing must not hold a task, a lane or a shutdown forever. A
+client that leaves mid-body is not an error of anyone's: nobody is left to answer.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
 
@@ -71,6 +75,7 @@ class _NoBody(BaseModel):
 
 
 ROUTE_PREFIX = "/v1/realtime"
+BODY_MIN_RATE = 256 * 1024  # bytes per second a body may take beyond its deadline: big uploads may be slow
 
 
 def build_rollout_router(service: RolloutService, settings: ServerSettings) -> Router:
@@ -139,7 +144,7 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
         mode = resolve_mode(request.headers.get(MODE_HEADER), settings.rollout_status_codes)
         parsed: Any = None
         try:
-            data, media = await _read(request, limits, optional=body_optional)
+            data, media = await _read(request, limits, service.body_timeout_s, optional=body_optional)
             if route == "batch_step" and media in _MSGPACK_TYPES:
                 _refuse_long_batch(data, service.max_batch_items)
             if len(data) > OFFLOAD_BYTES or (media in _MSGPACK_TYPES and JPEG_TAG in data):
@@ -153,6 +158,9 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
             error = RolloutError("invalid_request", _validation_message(exc))
         except RolloutError as exc:
             error = exc
+        except ClientDisconnect:  # the client left mid-body: no answer can reach it, nothing failed
+            logger.debug("client left during the body of a %s request", route)
+            return None, Response(status_code=400)
         except Exception:
             logger.exception("rollout route %s failed", route)
             error = RolloutError("internal_error", "internal server error")
@@ -168,12 +176,16 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
             step_id = parsed.get("step_id") if isinstance(parsed, dict) else None
             step_id = step_id if isinstance(step_id, int) and not isinstance(step_id, bool) else -1
             refused = await service.refused_step(session_id, step_id, error.code, error.message)
-            return error.code, _render(refused, status, raw)
-        committed = error.committed_step_id
-        if session_id is not None:
-            committed = await _committed_step_id(service, session_id, committed)
-        body = error_body(error.code, error.message, committed, status, mode)
-        return error.code, _render_plain(body, status, raw)
+            response = _render(refused, status, raw)
+        else:
+            committed = error.committed_step_id
+            if session_id is not None:
+                committed = await _committed_step_id(service, session_id, committed)
+            body = error_body(error.code, error.message, committed, status, mode)
+            response = _render_plain(body, status, raw)
+        if error.code == "request_timeout":  # the rest of its body may still come: not a next request
+            response.headers["connection"] = "close"
+        return error.code, response
 
     async def create_session(request: Request) -> Response:
         return await serve(
@@ -289,8 +301,10 @@ def _steps(request: BaseModel) -> list[RolloutStepRequest]:
     return []
 
 
-async def _read(request: Request, limits: WireLimits, *, optional: bool) -> tuple[bytes, str]:
-    """The raw body and its media type, read with the size cap (nothing parsed yet)."""
+async def _read(
+    request: Request, limits: WireLimits, timeout_s: float, *, optional: bool
+) -> tuple[bytes, str]:
+    """The raw body and its media type, read with the size cap and the deadline (nothing parsed yet)."""
     limit = limits.max_frame_bytes
     declared = request.headers.get("content-length")
     # Refused as soon as it is known to be too large: uvicorn's parser then drops the rest of the
@@ -299,11 +313,19 @@ async def _read(request: Request, limits: WireLimits, *, optional: bool) -> tupl
         raise RolloutError("payload_too_large", f"the body exceeds the limit of {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            break
-        chunks.append(chunk)
+    start = asyncio.get_running_loop().time()
+    try:
+        async with asyncio.timeout_at(start + timeout_s) as deadline:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    break
+                chunks.append(chunk)
+                deadline.reschedule(start + timeout_s + size / BODY_MIN_RATE)
+    except TimeoutError:
+        allowed = f"{timeout_s:g} s (+1 s per {BODY_MIN_RATE // 1024} KiB)"
+        message = f"the body did not arrive within {allowed}: {size} bytes came"
+        raise RolloutError("request_timeout", message) from None
     if size > limit:
         raise RolloutError("payload_too_large", f"the body of {size}+ bytes exceeds the limit of {limit}")
     data = b"".join(chunks)

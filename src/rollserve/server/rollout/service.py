@@ -18,6 +18,8 @@ import json
 import logging
 import math
 import time
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -83,11 +85,9 @@ START_STATE_KEY = "observation/state"
 PASS_THROUGH_KEYS = frozenset({"seed", "embodiment_name"})
 VECTOR_KEYS = frozenset({JOINT_KEY, GRIPPER_KEY, START_STATE_KEY})
 _MESSAGE_LIMIT = 300
-# Metric children looked up once, not per step (each ``labels()`` call hashes and locks; a step
-# touched four of them), as the policy routes do.
+# Metric children looked up once, not per step (each ``labels()`` call hashes and locks), as the
+# policy routes do. Model time and batch size are the engine's to record (once per model call).
 _QUEUE_WAIT = METRICS.queue_wait.labels(kind="world")
-_INFERENCE = METRICS.inference.labels(kind="world")
-_BATCH_SIZE = METRICS.batch_size.labels(kind="world")
 _ACTIVE_SESSIONS = METRICS.active_sessions.labels(kind="rollout")
 
 
@@ -169,6 +169,49 @@ def encode_tensor_field(array: np.ndarray, *, raw: bool) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class _FromStart:
+    """A step the world made from a fresh context, and that context's start state: a contextual
+    step commits it as the episode's start (``root``), where its later stateless steps begin."""
+
+    out: WorldOutput
+    root: Any
+
+
+def _run_world(world: WorldModel, calls: Sequence[WorldCall]) -> list[Any]:
+    """The engine's batch as ``run_world_calls`` runs it (one ``initial_states`` call for every
+    start, then one ``step_batch`` call for every step), except that a step from a fresh context
+    answers a :class:`_FromStart`: the start state would be lost inside ``run_world_calls``."""
+    fresh = iter(run_world_calls(world, [WorldCall(init=c.init) for c in calls if c.init is not None]))
+    results: list[Any] = [None if call.init is None else next(fresh) for call in calls]  # the starts
+    stepping: list[int] = []
+    steps: list[WorldCall] = []
+    for i, call in enumerate(calls):
+        start = results[i]
+        if call.step is None or isinstance(start, BaseException):
+            continue  # a start alone (a create, a reset), or a start that failed: nothing to step
+        stepping.append(i)
+        steps.append(WorldCall(step=call.step if start is None else replace(call.step, state=start.state)))
+    outs = run_world_calls(world, steps)
+    for k, i in enumerate(stepping):
+        start, out = results[i], outs[k]
+        results[i] = out if start is None or isinstance(out, BaseException) else _FromStart(out, start.state)
+    return results
+
+
+def _started_from(value: Any) -> tuple[Any, Any]:
+    """A step's output, and the start state it was made from when that was a fresh context."""
+    if isinstance(value, _FromStart):
+        return value.out, value.root
+    return value, None
+
+
+def _sessions_of(service: weakref.ref[RolloutService]) -> float:
+    """The open-sessions gauge as a scrape reads it: those of the newest service (0 once it is gone)."""
+    alive = service()
+    return 0.0 if alive is None else float(alive.open_sessions())
+
+
+@dataclass(frozen=True)
 class _Planned:
     """A step that passed the rules and waits for the engine."""
 
@@ -190,15 +233,19 @@ class RolloutService:
         max_batch_items: int = 256,
         clock: Any = time.monotonic,
         store: SessionStore | None = None,
+        body_timeout_s: float | None = None,
     ) -> None:
         """``store`` defaults to this process's :class:`RolloutStore`; ``rollserve.scale`` passes one
-        whose committed state lives outside the process, shared by every replica."""
+        whose committed state lives outside the process, shared by every replica. ``body_timeout_s``
+        (default: the header deadline, ``settings.header_timeout_s``) bounds how long the routes
+        wait for a request body, beyond the time its size accounts for."""
         if settings is None:
             from rollserve.server.settings import ServerSettings
 
             settings = ServerSettings()
         self.world = world
         self.settings = settings
+        self.body_timeout_s = settings.header_timeout_s if body_timeout_s is None else body_timeout_s
         self._started = int(time.time())
         self.max_batch_items = max_batch_items
         # not ``store or ...``: an empty RolloutStore is falsy (``__len__``) and would be replaced
@@ -208,15 +255,23 @@ class RolloutService:
             else RolloutStore(settings.max_rollout_sessions, settings.rollout_idle_ttl_s, clock=clock)
         )
         self.engine: BatchingWorker = BatchingWorker(
-            partial(run_world_calls, world),
+            partial(_run_world, world),
             max_batch_size=max_batch_items,
             max_wait_s=settings.max_batch_wait_ms / 1000.0,
             name="rollserve-world",
+            on_batch=METRICS.batch_observer("world"),  # per model call, not per request
         )
+        self._live_count = getattr(self.store, "live", None)  # a local store's count, safe to scrape
+        self._sessions_counted = 0  # the last count of a store a scrape cannot ask (a shared one)
+        # counted when /metrics is read: sessions expire while nobody asks, and an idle server's
+        # gauge must not keep counting them
+        _ACTIVE_SESSIONS.set_function(partial(_sessions_of, weakref.ref(self)))
 
     # -- discovery and shutdown --------------------------------------------------------------------
     def describe_models(self) -> list[dict[str, Any]]:
-        return [{**self.world.spec.describe(), "created": self._started}]
+        """The world's ``/v1/models`` entry, with the other names a create may give it (``aliases``)."""
+        spec = self.world.spec
+        return [{**spec.describe(), "aliases": list(spec.aliases), "created": self._started}]
 
     def close(self) -> None:
         self.engine.close()
@@ -229,7 +284,8 @@ class RolloutService:
         if not self.world.spec.serves(req.model):
             served = self.world.spec.name
             raise RolloutError("model_not_found", f"this server serves world {served!r}, not {req.model!r}")
-        if req.session_id is not None and (existing := await self._same_session(req.session_id, None)):
+        asked = _create_print(req)
+        if req.session_id is not None and (existing := await self._same_session(req.session_id, None, asked)):
             return self._created(existing, raw_tensors)
         render = self._render_spec(req.render)
         sid = await self.store.claim(req.session_id)
@@ -249,11 +305,12 @@ class RolloutService:
             render=render,
             jpeg_quality=req.render.jpeg_quality if req.render is not None else 0,
             frames=frames,
+            created_by=asked,
         )
         try:
             session = await self.store.insert(session)
         except RolloutError as exc:  # a concurrent create of the same client-chosen id won the race
-            if exc.code == "session_exists" and (existing := await self._same_session(sid, None)):
+            if exc.code == "session_exists" and (existing := await self._same_session(sid, None, asked)):
                 return self._created(existing, raw_tensors)
             raise
         answer = self._created(session, raw_tensors)  # before an await lets a close free the session
@@ -533,7 +590,7 @@ class RolloutService:
         try:
             if isinstance(outcome, BaseException):
                 raise outcome
-            out = outcome.value
+            out, root = _started_from(outcome.value)
             if not isinstance(out, WorldOutput):
                 raise TypeError(f"world returned {type(out).__name__}, not a WorldOutput")
             record = StepRecord(
@@ -563,6 +620,7 @@ class RolloutService:
                 context + 1,
                 record,
                 plan.base[0],
+                root=root,  # a first step's own start conditions start the episode (None: they did not)
                 frames=record.frames,
             )
             if not await self.store.commit(session, change):
@@ -649,8 +707,6 @@ class RolloutService:
         done = [o for o in outcomes if isinstance(o, Completed)]
         if done:
             _QUEUE_WAIT.observe(max(o.queue_wait_s for o in done))
-            _INFERENCE.observe(done[0].run_s)
-            _BATCH_SIZE.observe(done[0].batch_size)
         return outcomes
 
     async def _initial(
@@ -688,13 +744,18 @@ class RolloutService:
         """The open fork of ``source_id`` a retried fork with client-chosen id ``sid`` already made."""
         return None if sid is None else await self._same_session(sid, source_id)
 
-    async def _same_session(self, sid: str, forked_from: str | None) -> RolloutSession | None:
+    async def _same_session(
+        self, sid: str, forked_from: str | None, created_by: str | None = None
+    ) -> RolloutSession | None:
         """The open session a retried create (or fork) with a client-chosen id already made, if any.
 
-        One world per service: a create names a model this world serves (checked first), so only
-        whether it is a fork (and of what) tells two sessions apart."""
+        A retry asks for what its first try asked: a fork of the same source, or a create of the same
+        request (``created_by``: its print; a seed, render or model name of its own is another
+        session's create, refused with ``session_exists``)."""
         existing = await self.store.find(sid)
         if existing is None or existing.closed or existing.forked_from != forked_from:
+            return None
+        if existing.created_by != created_by:
             return None
         return existing
 
@@ -711,7 +772,14 @@ class RolloutService:
         )
 
     async def _count_sessions(self) -> None:
-        _ACTIVE_SESSIONS.set(await self.store.count())
+        """Ask a store the scrape cannot ask (a shared one) for its count, after a change."""
+        if self._live_count is None:  # a local store is counted when /metrics is read
+            self._sessions_counted = await self.store.count()
+
+    def open_sessions(self) -> int:
+        """Open sessions as ``/metrics`` reports them: a local store counts them now (expired ones
+        left out); a shared one answers from another process, so its last count is kept."""
+        return self._sessions_counted if self._live_count is None else self._live_count()
 
     @staticmethod
     def _counters(session: RolloutSession) -> tuple[int, int]:
@@ -773,6 +841,13 @@ def _start_from(inputs: dict[str, Any]) -> WorldInit | None:
         raise ValueError("observation.extra.seed must be an integer in [0, 2**63)")
     start = None if state is None else np.asarray(state, dtype=np.float32)  # flat and checked when folded
     return WorldInit(seed=seed, state=start)
+
+
+def _create_print(req: CreateSessionRequest) -> str:
+    """What a create asks for (its validated body as JSON, a few hundred bytes at most): a create
+    that reuses an id is a retry of the one that made the session only if this matches, as a
+    duplicate step must match the committed step's print."""
+    return req.model_dump_json()
 
 
 def _frames_of(out: WorldOutput) -> Frames | None:

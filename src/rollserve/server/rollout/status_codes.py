@@ -33,6 +33,7 @@ STRICT: dict[str, int] = {
     "session_exists": 409,
     "session_closed": 410,
     "session_expired": 410,
+    "request_timeout": 408,  # a body that did not arrive in time (no vLLM-Omni equivalent)
     "payload_too_large": 413,
     "unsupported_media_type": 415,
     "inference_error": 500,

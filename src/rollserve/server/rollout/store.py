@@ -86,6 +86,9 @@ class RolloutSession:
     render: Any = None  # the session's RenderSpec (None: no frames), for its resets and fresh contexts
     jpeg_quality: int = 0  # how its images go on the wire (0: raw)
     frames: Frames | None = None  # the images and state vector of ``observation``
+    # the print of the create that made it (None for a fork): a create with the same id is a retry
+    # of that one only if it asks for the same thing
+    created_by: str | None = None
     # which session of this id it is: a client may choose an id again once the first is gone, so a
     # cached copy (a Ray replica's view) must match this too, not only the counters, to be current
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -112,7 +115,7 @@ class Commit:
     context_length: int
     last: StepRecord | None
     epoch: int
-    root: Any = None  # a reset's new episode start; None keeps the current one
+    root: Any = None  # a new episode start (a reset's, a first step's own); None keeps the current one
     seeds: np.random.Generator | None = None  # a reset's seed sequence; None keeps the current one
     frames: Frames | None = None  # the images and state vector of ``observation``
 
@@ -275,6 +278,11 @@ class RolloutStore:
 
     async def count(self) -> int:
         return len(self._open)
+
+    def live(self) -> int:
+        """Open sessions that have not expired, counted without changing anything: a metrics
+        scrape calls it (from any thread), and an idle server's expired sessions must not count."""
+        return sum(not self._expired(session) for session in list(self._open.values()))
 
     def _expired(self, session: RolloutSession) -> bool:
         busy = session.lock.locked()
