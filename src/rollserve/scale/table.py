@@ -11,15 +11,19 @@ they cross process boundaries, and exceptions with keyword state do not pickle r
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
-import numpy as np
-
-from rollserve.server.rollout.store import Commit, RolloutError, RolloutSession, RolloutStore, apply_commit
+from rollserve.server.rollout.store import (
+    Commit,
+    RolloutError,
+    RolloutSession,
+    RolloutStore,
+    apply_commit,
+    fork_draw,
+)
 
 # Everything a replica needs to serve a session; the lock is each process's own.
 RECORD_FIELDS = tuple(f.name for f in fields(RolloutSession) if f.name != "lock")
@@ -47,13 +51,6 @@ def change_of(change: Commit) -> dict[str, Any]:
 def view_of(session: RolloutSession) -> View:
     """What makes a copy of a session current: which session of its id, and its committed counters."""
     return (session.incarnation, session.epoch, session.committed_step_id)
-
-
-def fork_draw(source_seeds: np.random.Generator) -> tuple[np.random.Generator, np.random.Generator]:
-    """A fork's seed sequence, drawn from its source's as ``RolloutService`` draws it in one process,
-    and the source's sequence after the draw (a copy: the source keeps it only once the fork lands)."""
-    draws = copy.deepcopy(source_seeds)
-    return np.random.default_rng(draws.integers(2**63)), draws
 
 
 def _refusal(exc: RolloutError) -> Answer:

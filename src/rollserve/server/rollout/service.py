@@ -69,6 +69,7 @@ from rollserve.server.rollout.store import (
     SessionStore,
     StepRecord,
     closed_error,
+    fork_draw,
 )
 from rollserve.wire.images import check_image, encode_image, image_to_json
 
@@ -352,8 +353,7 @@ class RolloutService:
     ) -> tuple[RolloutSession, np.random.Generator]:
         """The fork, inserted, and the source's seed sequence after the fork's draw: drawn from a
         copy, which the caller keeps only once the fork exists."""
-        draws = copy.deepcopy(source.seeds)
-        seeds = np.random.default_rng(draws.integers(2**63))
+        seeds, draws = fork_draw(source.seeds)
         fork = RolloutSession(
             session_id=await self.store.claim(session_id),
             model=source.model,

@@ -15,6 +15,7 @@ a reset). Closed and expired sessions leave a small tombstone, so ``status`` sti
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 import uuid
 from collections import OrderedDict
@@ -140,6 +141,14 @@ class SessionStore(Protocol):
     async def commit(self, session: RolloutSession, change: Commit) -> bool: ...
     async def retire(self, session_id: str) -> RolloutSession: ...
     async def count(self) -> int: ...
+
+
+def fork_draw(source_seeds: np.random.Generator) -> tuple[np.random.Generator, np.random.Generator]:
+    """A fork's seed sequence, drawn from its source's, and the source's sequence after the draw: a
+    copy, which the source keeps only once the fork exists (a refused fork draws nothing). The one
+    rule for one process and for the shared (Ray) table alike."""
+    draws = copy.deepcopy(source_seeds)
+    return np.random.default_rng(draws.integers(2**63)), draws
 
 
 def apply_commit(session: RolloutSession, change: Commit) -> None:
