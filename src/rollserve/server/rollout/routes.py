@@ -314,14 +314,19 @@ async def _read(
     chunks: list[bytes] = []
     size = 0
     start = asyncio.get_running_loop().time()
+    # A declared length fixes the deadline once (a timer reschedule costs ~5 us, on every request);
+    # a chunked body's deadline moves on with each chunk received.
+    declared_size = None if declared is None else int(declared)
+    allowance = 0 if declared_size is None else declared_size / BODY_MIN_RATE
     try:
-        async with asyncio.timeout_at(start + timeout_s) as deadline:
+        async with asyncio.timeout_at(start + timeout_s + allowance) as deadline:
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
                     break
                 chunks.append(chunk)
-                deadline.reschedule(start + timeout_s + size / BODY_MIN_RATE)
+                if declared_size is None and chunk:
+                    deadline.reschedule(start + timeout_s + size / BODY_MIN_RATE)
     except TimeoutError:
         allowed = f"{timeout_s:g} s (+1 s per {BODY_MIN_RATE // 1024} KiB)"
         message = f"the body did not arrive within {allowed}: {size} bytes came"

@@ -285,7 +285,8 @@ class RolloutService:
         if not self.world.spec.serves(req.model):
             served = self.world.spec.name
             raise RolloutError("model_not_found", f"this server serves world {served!r}, not {req.model!r}")
-        asked = _create_print(req)
+        # only a client-chosen id can be asked for again (a retry); a server-made one needs no print
+        asked = _create_print(req) if req.session_id is not None else None
         if req.session_id is not None and (existing := await self._same_session(req.session_id, None, asked)):
             return self._created(existing, raw_tensors)
         render = self._render_spec(req.render)
