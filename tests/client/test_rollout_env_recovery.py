@@ -192,3 +192,23 @@ def test_a_seed_list_of_the_wrong_length_is_refused(url: str) -> None:
             venv.reset(seed=[1, 2, 3])
     finally:
         venv.close()
+
+
+def test_envs_close_and_reset_cleanly_after_the_server_restarted() -> None:
+    """A restarted server knows none of the old sessions: ``close`` has nothing to close (it raised
+    ``session_not_found``), and ``reset`` opens a new session on the new server."""
+    settings = ServerSettings(max_batch_wait_ms=0.0)
+    with serving(create_app(settings, rollout=RolloutService(ToyWorld(), settings))) as first:
+        port, url = first.port, first.http_url
+        closing, resetting, venv = RolloutEnv(url), RolloutEnv(url), RolloutVectorEnv(2, url)
+        for env in (closing, resetting, venv):
+            env.reset(seed=0)
+    with serving(create_app(settings, rollout=RolloutService(ToyWorld(), settings)), port=port):
+        with pytest.raises(RolloutRequestError) as gone:
+            closing.client.status(closing.session_id)  # type: ignore[arg-type]
+        assert gone.value.code == "session_not_found"  # the new server never heard of it
+        closing.close()
+        venv.close()
+        obs, _ = resetting.reset(seed=1)
+        np.testing.assert_array_equal(obs, first_observation(url, 1))
+        resetting.close()

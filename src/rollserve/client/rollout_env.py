@@ -113,8 +113,14 @@ class _Session:
         self.elapsed += 1
 
     def close(self) -> None:
+        """Close the session; one the server no longer has (expired, closed, or unknown after a
+        restart) needs no closing."""
         if self.session_id is not None:
-            self.client.close_session(self.session_id)
+            try:
+                self.client.close_session(self.session_id)
+            except RolloutRequestError as exc:
+                if exc.code not in GONE:
+                    raise
             self.session_id = None
 
 
