@@ -65,3 +65,25 @@ def test_a_16px_video_world_is_saved_before_its_report_and_evaluates_at_16px(
     out_text = capsys.readouterr().out
     report = json.loads(out_text[out_text.index("{") :])  # after the rendering progress lines
     assert report["episodes"] == 1 and list(report["horizon_steps"]) == ["1"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mujoco") is None, reason="needs the sim extra")
+def test_a_world_model_is_saved_before_its_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report that fails after the training (here: at once) leaves the trained checkpoint."""
+    from rollserve.models.learned_world import load_world_model
+    from rollserve.training import world_model
+
+    out = tmp_path / "w"
+
+    def failing_report(world: Any, data: Any) -> dict[str, Any]:
+        assert _mode(out / WEIGHTS_FILE) == 0o644  # FileNotFoundError: not saved yet
+        raise RuntimeError("report failed")
+
+    monkeypatch.setattr(world_model, "horizon_errors", failing_report)
+    tiny = "--episodes 1 --eval-episodes 1 --steps 3 --ensemble 1 --hidden 8 --depth 1 --iterations 2"
+    tiny += " --batch 2 --unroll 1 --unroll-iterations 0"
+    with pytest.raises(RuntimeError, match="report failed"):
+        cli_main(["train", "world", *tiny.split(), "--out", str(out)])
+    stored = json.loads((out / CONFIG_FILE).read_text())
+    assert stored["training"]["episodes"] == 1 and "evaluation" not in stored["training"]
+    assert load_world_model(out).config.ensemble == 1

@@ -323,22 +323,21 @@ def main(args: argparse.Namespace) -> int:
         unroll_iterations=args.unroll_iterations,
         log=_log,
     )
+    training = {
+        "episodes": args.episodes,
+        "transitions": transitions,
+        "unroll": args.unroll,
+        "unroll_iterations": args.unroll_iterations,
+        "noise_levels": list(args.noise),
+        "iterations": args.iterations,
+        "seed": args.seed,
+    }
+    net.config = replace(config, training={**training, "seconds": round(time.perf_counter() - started, 1)})
+    out = save_world_model(net, out_dir)  # before the report: a failing report loses no training
     report = horizon_errors(LearnedWorld(net), eval_eps)
-    net.config = replace(
-        config,
-        training={
-            "episodes": args.episodes,
-            "transitions": transitions,
-            "unroll": args.unroll,
-            "unroll_iterations": args.unroll_iterations,
-            "noise_levels": list(args.noise),
-            "iterations": args.iterations,
-            "seed": args.seed,
-            "seconds": round(time.perf_counter() - started, 1),
-            "evaluation": report,
-        },
-    )
-    out = save_world_model(net, out_dir)
+    training.update(seconds=round(time.perf_counter() - started, 1), evaluation=report)
+    net.config = replace(config, training=training)
+    save_world_model(net, out)
     print(json.dumps(report, indent=2))
     print(f"wrote {out}")
     return 0
