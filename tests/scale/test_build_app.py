@@ -126,6 +126,14 @@ def test_an_openpi_layout_the_cli_refuses_is_refused_by_name() -> None:
     assert isinstance(build_app({"world": "toy", "openpi_layout": "aloha"}), serve.Application)
 
 
+@pytest.mark.parametrize("horizon", [0, -3, "ten"])
+def test_an_execution_horizon_the_cli_refuses_is_refused_by_name(horizon: object) -> None:
+    with pytest.raises(UsageError) as err:
+        build_app({"world": "toy", "execution_horizon": horizon})
+    assert str(err.value).startswith("argument execution_horizon: ")
+    assert isinstance(build_app({"world": "toy", "execution_horizon": 1}), serve.Application)
+
+
 def _serve_error(*argv: str) -> str:
     result = subprocess.run(
         [sys.executable, "-c", "import sys; from rollserve.cli import main; sys.exit(main())",

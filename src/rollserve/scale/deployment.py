@@ -133,6 +133,8 @@ class ReplicaConfig:
         if self.world:
             check_world(str(self.world))
         checked("openpi_layout", flag_check("--openpi-layout"), self.openpi_layout)
+        if self.execution_horizon is not None:  # as --rtc-horizon: every replica would refuse 0
+            checked("execution_horizon", positive_int, self.execution_horizon)
         checked_settings(self.settings)
 
     def server_settings(self) -> ServerSettings:
