@@ -102,8 +102,12 @@ def test_prefix_pulls_frozen_actions(policy: FlowMatchingPolicy) -> None:
     assert np.abs(guided[:4] - 1.5).mean() * 5 < np.abs(plain[:4] - 1.5).mean()
 
 
-def test_rtc_disabled_ignores_the_prefix() -> None:
+def test_rtc_disabled_ignores_the_prefix_and_says_so() -> None:
+    """With RTC off the policy does not advertise it (the ack's ``rtc_supported``), so a client
+    neither sends prefixes nor merges as if the chunk continued them; a prefix sent anyway is ignored."""
     off = make_policy(rtc=RTCConfig(enabled=False))
+    assert off.metadata.supports_rtc is False
+    assert make_policy(rtc=RTCConfig(enabled=True)).metadata.supports_rtc is True
     prefix = np.full((10, A), 1.5, np.float32)
     guided = off.predict_action_chunk(
         {"state": state(4), "seed": 0}, inference_delay=4, prev_chunk_left_over=prefix

@@ -15,8 +15,10 @@ def test_config_boundaries_and_messages() -> None:
     assert RTCConfig(execution_horizon=1, max_guidance_weight=0.0).execution_horizon == 1
     with pytest.raises(ValueError, match=r"^execution_horizon must be >= 1, got 0$"):
         RTCConfig(execution_horizon=0)
-    with pytest.raises(ValueError, match=r"^max_guidance_weight must be >= 0, got -0\.5$"):
-        RTCConfig(max_guidance_weight=-0.5)
+    for weight in ("-0.5", "nan", "inf"):  # a NaN or infinite clamp makes every guided chunk non-finite
+        with pytest.raises(ValueError, match=rf"^max_guidance_weight must be finite and >= 0, got {weight}$"):
+            RTCConfig(max_guidance_weight=float(weight))
+    assert RTCConfig(max_guidance_weight=1e9).max_guidance_weight == 1e9
     expected = "prefix_attention_schedule must be one of ('zeros', 'ones', 'linear', 'exp'), got 'cosine'"
     with pytest.raises(ValueError) as info:
         RTCConfig(prefix_attention_schedule="cosine")  # type: ignore[arg-type]

@@ -70,7 +70,7 @@ class FlowMatchingPolicy(SingleAsBatchOfOne):
             chunk_size=config.chunk_size,
             state_dim=config.state_dim,
             fps=float(control_hz),
-            supports_rtc=True,
+            supports_rtc=rtc.enabled,  # with RTC off, clients are told so and send no prefixes
             supports_batching=True,
         )
         self._generator = torch.Generator().manual_seed(seed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,8 +28,8 @@ class RTCConfig:
     def __post_init__(self) -> None:
         if self.execution_horizon < 1:
             raise ValueError(f"execution_horizon must be >= 1, got {self.execution_horizon}")
-        if self.max_guidance_weight < 0:
-            raise ValueError(f"max_guidance_weight must be >= 0, got {self.max_guidance_weight}")
+        if not 0 <= self.max_guidance_weight < math.inf:  # NaN too: every guided chunk would be NaN
+            raise ValueError(f"max_guidance_weight must be finite and >= 0, got {self.max_guidance_weight}")
         if self.prefix_attention_schedule not in SCHEDULES:
             schedule = self.prefix_attention_schedule
             raise ValueError(f"prefix_attention_schedule must be one of {SCHEDULES}, got {schedule!r}")
