@@ -7,7 +7,7 @@ cheap enough for tests and benchmarks of the serving layer itself.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -94,33 +94,59 @@ class NotAWorldError(WorldLoadError, TypeError):
     """The factory returned something else; also a ``TypeError``, as this error always was."""
 
 
+def _sim_world() -> WorldModel:
+    from rollserve.models.sim_world import SimWorld
+
+    return SimWorld()
+
+
+def _learned_world() -> WorldModel:
+    from rollserve.models.learned_world import load_default
+
+    return load_default()
+
+
+def _video_world() -> WorldModel:
+    from rollserve.models.video_world import load_default as load_video
+
+    return load_video()
+
+
+BUILT_IN_WORLDS: dict[str, Callable[[], WorldModel]] = {
+    "toy": ToyWorld,
+    "sim": _sim_world,
+    "learned": _learned_world,
+    "video": _video_world,
+}
+
+
+def world_builder(spec: str) -> Callable[[], WorldModel]:
+    """What builds the world ``spec`` names, resolved but not called: a Serve deployment checks a
+    spec this way before its replicas build the world on their own devices. A spec that names
+    nothing loadable raises ``WorldLoadError``."""
+    if spec in BUILT_IN_WORLDS:
+        return BUILT_IN_WORLDS[spec]
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise WorldLoadError(f"unknown world {spec!r}: use sim, learned, video, toy or module.path:factory")
+    factory = _world_factory(spec, module_name, attr)
+
+    def build() -> WorldModel:
+        world = _call_factory(factory, spec, attr)
+        if not isinstance(world, WorldModel):
+            raise NotAWorldError(
+                f"world spec {spec!r} returned {type(world).__name__}, which is not a WorldModel"
+            )
+        return world
+
+    return build
+
+
 def load_world(spec: str) -> WorldModel:
     """Build the world named by ``spec``: ``sim`` (the MuJoCo task), ``learned`` (the shipped
     checkpoint), ``video`` (the shipped video world model), ``toy``, or ``module.path:factory`` (any
     callable returning a WorldModel). A spec that names nothing loadable raises ``WorldLoadError``."""
-    if spec == "toy":
-        return ToyWorld()
-    if spec == "sim":
-        from rollserve.models.sim_world import SimWorld
-
-        return SimWorld()
-    if spec == "learned":
-        from rollserve.models.learned_world import load_default
-
-        return load_default()
-    if spec == "video":
-        from rollserve.models.video_world import load_default as load_video
-
-        return load_video()
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise WorldLoadError(f"unknown world {spec!r}: use sim, learned, video, toy or module.path:factory")
-    world = _call_factory(_world_factory(spec, module_name, attr), spec, attr)
-    if not isinstance(world, WorldModel):
-        raise NotAWorldError(
-            f"world spec {spec!r} returned {type(world).__name__}, which is not a WorldModel"
-        )
-    return world
+    return world_builder(spec)()
 
 
 def _world_factory(spec: str, module_name: str, attr: str) -> Any:

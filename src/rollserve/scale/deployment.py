@@ -68,24 +68,14 @@ DEPLOYMENT_ARGS: dict[str, tuple[Any, Callable[[str], Any]]] = {
 }
 SETTING_NAMES = {f.name for f in fields(ServerSettings)} - {"limits"} | {"max_frame_bytes"}
 NOT_FOR_REPLICAS = ("limits", *PROXY_OWNED_SETTINGS, *HTTP_OPTIONS_SETTINGS)
-# load_world's own names (models/worlds.py): the builder passes them without building the world
-BUILT_IN_WORLDS = ("sim", "learned", "video", "toy")
 
 
 def check_world(spec: str) -> None:
     """Refuse a ``world`` that ``rollserve serve --world`` refuses, in its words (``WorldLoadError``),
-    without building it: that is each replica's job, on its own devices. A built-in name passes;
-    ``module.path:factory`` must import and name a factory (not called here); anything else is
-    ``load_world``'s own refusal, which it gives before loading anything."""
-    from rollserve.models import worlds
+    without building it: that is each replica's job, on its own devices."""
+    from rollserve.models.worlds import world_builder
 
-    if spec in BUILT_IN_WORLDS:
-        return
-    module_name, sep, attr = spec.partition(":")
-    if sep and module_name and attr:
-        worlds._world_factory(spec, module_name, attr)
-    else:
-        worlds.load_world(spec)
+    world_builder(spec)
 
 
 def checked_settings(settings: dict[str, Any]) -> dict[str, Any]:
