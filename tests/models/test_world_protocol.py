@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rollserve.models.world import WorldCall, WorldInit, WorldModel, WorldOutput, WorldStep, run_world_calls
+from rollserve.models.world import (
+    FromStart,
+    WorldCall,
+    WorldInit,
+    WorldModel,
+    WorldOutput,
+    WorldStep,
+    run_world_calls,
+)
 from rollserve.models.worlds import ToyWorld, load_world
 
 ACTION = np.array([0.3] * 7 + [1.0], dtype=np.float32)
@@ -68,6 +76,24 @@ def test_run_world_calls_batches_inits_and_steps_and_keeps_errors_per_item() -> 
     np.testing.assert_array_equal(outs[0].observation, start(world, 1).observation)
     expected = world.step_batch([WorldStep(start(world, 2).state, ACTION)])[0]
     np.testing.assert_array_equal(outs[2].observation, expected.observation)
+
+
+def test_run_world_calls_keeps_the_start_of_a_step_from_a_fresh_context_when_asked() -> None:
+    """The rollout service commits that start as the episode's root (``keep_starts``)."""
+    world = ToyWorld()
+    root = start(world, 0).state
+    calls = [
+        WorldCall(init=WorldInit(seed=1)),  # a start alone: its output, as without keep_starts
+        WorldCall(step=WorldStep(root, ACTION)),  # a step from a kept state: its output
+        WorldCall(init=WorldInit(seed=2), step=WorldStep(None, ACTION)),  # fresh, then step
+    ]
+    plain, kept = run_world_calls(world, calls), run_world_calls(world, calls, keep_starts=True)
+    for i in (0, 1):
+        assert isinstance(kept[i], WorldOutput)
+        np.testing.assert_array_equal(kept[i].observation, plain[i].observation)
+    assert isinstance(kept[2], FromStart) and not isinstance(plain[2], FromStart)
+    np.testing.assert_array_equal(kept[2].out.observation, plain[2].observation)
+    np.testing.assert_array_equal(kept[2].start, start(world, 2).state)
 
 
 def test_toy_world_terminates_at_the_goal() -> None:

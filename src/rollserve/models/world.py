@@ -192,8 +192,21 @@ class WorldCall:
     step: WorldStep | None = None
 
 
-def run_world_calls(world: WorldModel, calls: Sequence[WorldCall]) -> list[WorldOutput | BaseException]:
-    """The engine's ``run_batch``: every init of the batch in one call, then every step in one call."""
+@dataclass(frozen=True)
+class FromStart:
+    """A step the world made from a fresh context, and that context's start state (what
+    ``run_world_calls(..., keep_starts=True)`` answers for it): the rollout service commits the
+    start as the episode's ``root``, where its later stateless steps begin."""
+
+    out: WorldOutput
+    start: Any
+
+
+def run_world_calls(
+    world: WorldModel, calls: Sequence[WorldCall], keep_starts: bool = False
+) -> list[WorldOutput | FromStart | BaseException]:
+    """The engine's ``run_batch``: every init of the batch in one call, then every step in one call.
+    With ``keep_starts``, a step from a fresh context answers a :class:`FromStart`."""
     results: list[WorldOutput | BaseException | None] = [None] * len(calls)
     init_idx = [i for i, call in enumerate(calls) if call.init is not None]
     if init_idx:
@@ -210,7 +223,9 @@ def run_world_calls(world: WorldModel, calls: Sequence[WorldCall]) -> list[World
     if steps:
         outs = _checked(world.step_batch([s for _, s in steps]), len(steps))
         for (i, _), out in zip(steps, outs, strict=True):
-            results[i] = out
+            start = results[i]
+            fresh = keep_starts and start is not None and not isinstance(out, BaseException)
+            results[i] = FromStart(out, start.state) if fresh else out  # type: ignore[union-attr]
     return [r if r is not None else RuntimeError("world call did nothing") for r in results]
 
 

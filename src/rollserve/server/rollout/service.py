@@ -19,7 +19,6 @@ import logging
 import math
 import time
 import weakref
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -29,6 +28,7 @@ import numpy as np
 
 from rollserve.engine import BatchingWorker, Completed, EngineClosed
 from rollserve.models.world import (
+    FromStart,
     RenderSpec,
     WorldCall,
     WorldInit,
@@ -169,40 +169,10 @@ def encode_tensor_field(array: np.ndarray, *, raw: bool) -> dict[str, Any]:
     }
 
 
-@dataclass(frozen=True)
-class _FromStart:
-    """A step the world made from a fresh context, and that context's start state: a contextual
-    step commits it as the episode's start (``root``), where its later stateless steps begin."""
-
-    out: WorldOutput
-    root: Any
-
-
-def _run_world(world: WorldModel, calls: Sequence[WorldCall]) -> list[Any]:
-    """The engine's batch as ``run_world_calls`` runs it (one ``initial_states`` call for every
-    start, then one ``step_batch`` call for every step), except that a step from a fresh context
-    answers a :class:`_FromStart`: the start state would be lost inside ``run_world_calls``."""
-    fresh = iter(run_world_calls(world, [WorldCall(init=c.init) for c in calls if c.init is not None]))
-    results: list[Any] = [None if call.init is None else next(fresh) for call in calls]  # the starts
-    stepping: list[int] = []
-    steps: list[WorldCall] = []
-    for i, call in enumerate(calls):
-        start = results[i]
-        if call.step is None or isinstance(start, BaseException):
-            continue  # a start alone (a create, a reset), or a start that failed: nothing to step
-        stepping.append(i)
-        steps.append(WorldCall(step=call.step if start is None else replace(call.step, state=start.state)))
-    outs = run_world_calls(world, steps)
-    for k, i in enumerate(stepping):
-        start, out = results[i], outs[k]
-        results[i] = out if start is None or isinstance(out, BaseException) else _FromStart(out, start.state)
-    return results
-
-
 def _started_from(value: Any) -> tuple[Any, Any]:
     """A step's output, and the start state it was made from when that was a fresh context."""
-    if isinstance(value, _FromStart):
-        return value.out, value.root
+    if isinstance(value, FromStart):
+        return value.out, value.start
     return value, None
 
 
@@ -256,7 +226,7 @@ class RolloutService:
             else RolloutStore(settings.max_rollout_sessions, settings.rollout_idle_ttl_s, clock=clock)
         )
         self.engine: BatchingWorker = BatchingWorker(
-            partial(_run_world, world),
+            partial(run_world_calls, world, keep_starts=True),
             max_batch_size=max_batch_items,
             max_wait_s=settings.max_batch_wait_ms / 1000.0,
             name="rollserve-world",
