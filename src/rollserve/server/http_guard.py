@@ -12,6 +12,11 @@ values), so a whole oversized header block in one read is refused too, before an
 Bodies and websockets are unaffected: their own limits apply (a rollout body has its own read
 deadline, ``server/rollout/routes.py``).
 
+Requests pipelined before a refused one are answered first: the 431 (or the deadline's close)
+waits until their answers are out, and nothing after the refused request is read. uvicorn's own
+path for parser errors would close at once, dropping those answers, and log a deliberate refusal
+as "Invalid HTTP request received.", so the cap's stop never reaches it (:class:`_CapAwareParser`).
+
 It also gives each connection its :class:`RefusalStreak` (in every request's scope), so the
 routes can slow down a connection that keeps sending refused input (``server/penalty.py``).
 """
@@ -19,8 +24,10 @@ routes can slow down a connection that keeps sending refused input (``server/pen
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from rollserve.server.penalty import SCOPE_KEY, RefusalStreak
@@ -34,6 +41,28 @@ class _HeadersTooLarge(Exception):
     """A request's parsed headers passed the cap (raised inside a parser callback)."""
 
 
+class _CapAwareParser:
+    """httptools' request parser, except that its stop at the header cap is no parser error.
+
+    uvicorn handles every parser error itself: it logs "Invalid HTTP request received." and closes
+    the connection at once. The cap's stop is a refusal the protocol answers (431, after the
+    answers still due), so ``feed_data`` returns instead; every other error still goes to uvicorn.
+    """
+
+    def __init__(self, parser: Any, at_cap: Callable[[], bool]) -> None:
+        self._parser, self._at_cap = parser, at_cap
+
+    def feed_data(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError:
+            if not self._at_cap():
+                raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._parser, name)
+
+
 def guarded_http_protocol(header_timeout_s: float, max_header_bytes: int) -> type[asyncio.Protocol]:
     """uvicorn's ``http`` protocol class with the deadline and cap baked in."""
 
@@ -43,9 +72,12 @@ def guarded_http_protocol(header_timeout_s: float, max_header_bytes: int) -> typ
         _parsed_header_bytes = 0  # this request's URL, header names and values as parsed
         _headers_too_large = False
         _in_message = False  # the parser is inside a request (its body may outlive its answer)
+        _message_ended = False  # a request ended within the bytes being parsed
+        _last_words: bytes | None = None  # ending: written, then closed, once the answers are out
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self.parser = _CapAwareParser(self.parser, lambda: self._headers_too_large)  # type: ignore[assignment]
             self._refusals = RefusalStreak()
             self._arm()
 
@@ -54,14 +86,22 @@ def guarded_http_protocol(header_timeout_s: float, max_header_bytes: int) -> typ
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
+            if self._last_words is not None:
+                return  # nothing after a refused request is read
             if self._header_timer is None and self._between_requests():
                 self._arm()  # bytes between requests: the next request's headers are due
             waiting = self._header_timer is not None
+            self._message_ended = False
             super().data_received(data)
-            if waiting and self._header_timer is not None:  # still inside the headers
+            if self._headers_too_large:
+                self._end(_HEADERS_TOO_LARGE)
+            elif waiting and self._header_timer is not None and not self._message_ended:
+                # still inside the headers; a read that also ended a request holds that request's
+                # bytes too (a pipelined body), and the next request's share of it is not known:
+                # not counted, so a partial header passes the cap by at most that one read
                 self._header_bytes += len(data)
                 if self._header_bytes > max_header_bytes:
-                    self._refuse_headers()
+                    self._end(_HEADERS_TOO_LARGE)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -85,30 +125,45 @@ def guarded_http_protocol(header_timeout_s: float, max_header_bytes: int) -> typ
 
         def on_message_complete(self) -> None:
             self._in_message = False
+            self._message_ended = True
             super().on_message_complete()
 
-        def send_400_response(self, msg: str) -> None:
-            if self._headers_too_large:  # the parser stopped because _count_parsed raised
-                self._refuse_headers()
-            else:
-                super().send_400_response(msg)
+        def on_response_complete(self) -> None:
+            super().on_response_complete()  # starts the next pipelined request, if any
+            if self._last_words is not None and not self._answers_due():
+                self._say_last_words()
 
         def _between_requests(self) -> bool:
             """Neither a request being received (a body answered early may still be arriving)
             nor one being answered (a stray CRLF after a body must not cut a slow answer off)."""
             return not self._in_message and (self.cycle is None or self.cycle.response_complete)
 
+        def _answers_due(self) -> bool:
+            """Requests before this one (pipelined) not yet answered, or being answered."""
+            return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete)
+
         def _count_parsed(self, size: int) -> None:
             """Raising stops httptools mid-request: no request is made of these headers, and
-            uvicorn answers the parser error through ``send_400_response`` (here, 431)."""
+            ``data_received`` refuses them (431) once ``feed_data`` returns."""
             self._parsed_header_bytes += size
             if self._parsed_header_bytes > max_header_bytes:
                 self._headers_too_large = True
                 raise _HeadersTooLarge
 
-        def _refuse_headers(self) -> None:
+        def _end(self, last_words: bytes) -> None:
+            """Write ``last_words`` and close, once the requests before this one are answered
+            (closing now would drop their answers); until then nothing more is read."""
+            self._disarm()
+            self._last_words = last_words
+            if self._answers_due():
+                self.flow.pause_reading()
+            else:
+                self._say_last_words()
+
+        def _say_last_words(self) -> None:
             if not self.transport.is_closing():
-                self.transport.write(_HEADERS_TOO_LARGE)
+                if self._last_words:
+                    self.transport.write(self._last_words)
                 self.transport.close()
 
         def _arm(self) -> None:
@@ -122,7 +177,6 @@ def guarded_http_protocol(header_timeout_s: float, max_header_bytes: int) -> typ
 
         def _header_deadline(self) -> None:
             self._header_timer = None
-            if not self.transport.is_closing():
-                self.transport.close()
+            self._end(b"")
 
     return GuardedHttpToolsProtocol
