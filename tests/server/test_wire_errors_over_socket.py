@@ -137,6 +137,6 @@ def test_more_than_16_images_is_bad_image_and_the_session_goes_on(running: Runni
         assert decode_message(ws.recv(timeout=10)).accepted
         ws.send(encode_message(ObservationMsg(state=STATE, images=images, header=MsgHeader(seq_id=1))))
         reply = decode_message(ws.recv(timeout=10))
-        message = "field 'images' must be a map of at most 16 images, got dict"
+        message = "'images' holds 17 images; at most 16 are accepted"
         assert reply == ErrorMsg(code="bad_image", message=message, seq_id=None, retryable=False)
         assert _chunk(ws, 2).shape == (20, 6)

@@ -37,7 +37,7 @@ from rollserve.wire.errors import (
     TOO_MANY_OBJECTS,
     UNSUPPORTED_DTYPE,
 )
-from rollserve.wire.images import decode_images
+from rollserve.wire.images import check_image_count, decode_images
 
 TIMESTAMP_REFUSED = "msgpack extension type -1 (timestamp) is not accepted"
 
@@ -177,13 +177,13 @@ LIMITS = WireLimits(max_image_side=32, max_image_pixels=32 * 16, max_images=2, m
 
 def test_decode_images_counts_and_types_first() -> None:
     three = {c: np.zeros((1, 1, 3), np.uint8) for c in "abc"}
-    for value in (three, [np.zeros((1, 1, 3), np.uint8)]):
+    for value, message in (
+        (three, "'images' holds 3 images; at most 2 are accepted"),
+        ([np.zeros((1, 1, 3), np.uint8)], "field 'images' must be a map of camera name to image"),
+    ):
         with pytest.raises(WireError) as info:
             decode_images(value, LIMITS)
-        assert (info.value.code, info.value.message) == (
-            BAD_IMAGE,
-            "images must be a map of at most 2 images",
-        )
+        assert (info.value.code, info.value.message) == (BAD_IMAGE, message)
     with pytest.raises(WireError) as info:
         decode_images({"top": np.zeros((2, 2), np.uint8)}, LIMITS)
     assert (info.value.code, info.value.message) == (
@@ -196,6 +196,17 @@ def test_decode_images_counts_and_types_first() -> None:
         IMAGE_TOO_LARGE,
         "33x1 image exceeds the configured limits",
     )
+
+
+def test_the_image_count_rule_defaults_to_16_images() -> None:
+    check_image_count([0] * 16)
+    with pytest.raises(WireError) as info:
+        check_image_count([0] * 17)
+    message = "'images' holds 17 images; at most 16 are accepted"
+    assert (info.value.code, info.value.message) == (BAD_IMAGE, message)
+    with pytest.raises(WireError) as info:
+        check_image_count({"a": 0, "b": 0, "c": 0}, LIMITS, "cams")
+    assert info.value.message == "'cams' holds 3 images; at most 2 are accepted"
 
 
 def test_decode_images_total_pixels_are_height_times_width_summed() -> None:

@@ -95,8 +95,30 @@ def test_too_many_images_are_refused_before_any_is_decoded() -> None:
     with pytest.raises(WireError) as info:
         decode_message(packb(body))
     assert info.value.code == BAD_IMAGE  # docs/protocol.md's error table: "more than 16 images"
-    assert info.value.message == "field 'images' must be a map of at most 16 images, got dict"
+    assert info.value.message == "'images' holds 17 images; at most 16 are accepted"
     assert peak < 4 * len(packb(body))  # one decoded 2048x2048 image alone would be 12 MB
+
+
+def test_too_many_images_are_counted_before_the_codec_builds_any_pixel_tensor() -> None:
+    """A small frame is unpacked without hooks and the codec turns its pixel maps into arrays in a
+    loop: the count comes first, so the bad tensor in the first image is never looked at."""
+    bad = {b"__ndarray__": True, b"data": b"", b"dtype": ",", b"shape": [0]}
+    images = {
+        "c0": {IMAGE_KEY: True, b"format": "raw", b"pixels": bad},
+        **{f"c{i}": bad for i in range(1, 17)},
+    }
+    frame = packb({"type": "observation", "images": images})
+    assert len(frame) < 4096  # the hookless path
+    with pytest.raises(WireError) as info:
+        decode_message(frame)
+    assert (info.value.code, info.value.message) == (
+        BAD_IMAGE,
+        "'images' holds 17 images; at most 16 are accepted",
+    )
+    del images["c16"]  # 16: the loop runs and meets the bad tensor
+    with pytest.raises(WireError) as info:
+        decode_message(packb({"type": "observation", "images": images}))
+    assert info.value.code == "unsupported_dtype"
 
 
 def test_total_pixels_of_a_message_are_budgeted_from_the_headers() -> None:

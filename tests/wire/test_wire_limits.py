@@ -4,6 +4,8 @@ message a client gets. Expected values are written out by hand (small limits kee
 from __future__ import annotations
 
 import dataclasses
+import struct
+import warnings
 from typing import Any
 
 import msgpack
@@ -154,6 +156,61 @@ def test_scalars_must_be_numbers_that_fit() -> None:
     )
 
 
+# Each dtype's bounds written out: (dtype, values that fit, values that do not).
+SCALAR_RANGES = [
+    ("|u1", [0, 255], [-1, 256]),
+    ("|i1", [-128, 127], [-129, 128]),
+    ("<u2", [0, 65535], [-1, 65536]),
+    ("<i4", [-(2**31), 2**31 - 1], [-(2**31) - 1, 2**31]),
+    ("<u8", [0, 2**64 - 1], [-1]),
+    ("<i8", [-(2**63), 2**63 - 1], [2**63]),  # msgpack holds no int below -(2**63)
+    ("<f2", [65504.0, -65504.0, 70000 - 6000], [70000.0, -1e10, 10**6]),  # float16's max is 65504
+    ("<f4", [3.4e38, 1e-50, 7], [1e39, -1e300]),  # 1e-50 rounds to 0: a float's rounding, not overflow
+]
+
+
+@pytest.mark.parametrize(("dtype", "fit", "too_big"), SCALAR_RANGES)
+def test_a_scalar_out_of_its_dtypes_range_is_refused_not_wrapped(
+    dtype: str, fit: list, too_big: list
+) -> None:
+    """``{dtype: "|u1", data: -1}`` used to decode as 255 and an f4 1e300 as inf."""
+    for value in fit:
+        decoded = unpackb(_raw({b"__npgeneric__": True, b"dtype": dtype, b"data": value}), LIMITS)
+        # ints exactly; floats as Python's struct rounds them to half or single precision
+        fmt = {"<f2": "<e", "<f4": "<f"}.get(dtype)
+        rounded = struct.unpack(fmt, struct.pack(fmt, value))[0] if fmt else value
+        assert decoded.dtype == np.dtype(dtype) and decoded.item() == rounded
+    for value in too_big:
+        frame = _raw({b"__npgeneric__": True, b"dtype": dtype, b"data": value})
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # refused quietly: no numpy overflow warning in the log
+            _refused(frame, MALFORMED_FRAME, f"{value!r} does not fit dtype {dtype}")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value"),
+    [("<i8", 1.5), ("|u1", 2.0), ("<i4", -0.0), ("|u1", True), ("<i8", False), ("|b1", 1), ("|b1", 0.5)],
+)
+def test_a_scalar_of_another_kind_than_its_dtype_is_refused_not_cast(dtype: str, value: Any) -> None:
+    """A float for an int dtype used to be truncated (1.5 -> 1), a bool or number for another kind cast."""
+    _refused(
+        _raw({b"__npgeneric__": True, b"dtype": dtype, b"data": value}),
+        MALFORMED_FRAME,
+        f"{value!r} does not fit dtype {dtype}",
+    )
+
+
+def test_scalars_of_their_own_kind_decode_exactly() -> None:
+    def decoded(dtype: str, value: Any) -> Any:
+        return unpackb(_raw({b"__npgeneric__": True, b"dtype": dtype, b"data": value}), LIMITS)
+
+    assert decoded("|b1", True) is np.True_ and decoded("|b1", False) is np.False_
+    assert decoded("|u1", 200) == 200 and decoded("<i2", -300) == -300
+    assert decoded("<f8", 0.1) == 0.1 and decoded("<f4", 0.1) == np.float32(0.1)
+    assert decoded("<f8", 3).dtype == np.float64 and decoded("<f8", 3) == 3.0  # an int is a float's value
+    assert np.isinf(decoded("<f4", float("inf"))) and np.isnan(decoded("<f2", float("nan")))  # they fit
+
+
 def test_unsendable_arrays_are_refused_on_encode() -> None:
     with pytest.raises(WireError) as info:
         packb(np.array(["a"]))
@@ -233,10 +290,11 @@ def test_image_side_and_pixel_limits_are_inclusive_and_read_height_first() -> No
 def test_at_most_max_images_keyed_by_camera_name() -> None:
     two = {"a": _image(2, 2), "b": _image(2, 2)}
     assert sorted(decode_observation(_obs(images=two), LIMITS).images) == ["a", "b"]
-    too_many = "field 'images' must be a map of at most 2 images, got "
+    too_many = "'images' holds 3 images; at most 2 are accepted"
     # too many is the images' code (docs/protocol.md: "more than 16 images"); not a map is a bad field
-    _refused(_obs(images={**two, "c": _image(2, 2)}), BAD_IMAGE, too_many + "dict", decode_observation)
-    _refused(_obs(images=[1]), BAD_FIELD, too_many + "list", decode_observation)
+    _refused(_obs(images={**two, "c": _image(2, 2)}), BAD_IMAGE, too_many, decode_observation)
+    not_a_map = "field 'images' must be a map of camera name to image, got list"
+    _refused(_obs(images=[1]), BAD_FIELD, not_a_map, decode_observation)
     message = "field 'images' must be keyed by camera name, got bytes"
     _refused(_obs(images={b"cam": _image(2, 2)}), BAD_FIELD, message, decode_observation)
 

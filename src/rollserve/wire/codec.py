@@ -14,13 +14,12 @@ import numpy as np
 
 from rollserve.wire.errors import (
     BAD_FIELD,
-    BAD_IMAGE,
     MALFORMED_FRAME,
     SCHEMA_VERSION,
     UNKNOWN_MESSAGE,
     WireError,
 )
-from rollserve.wire.images import decode_images, encode_image
+from rollserve.wire.images import check_image_count, decode_images, encode_image
 from rollserve.wire.limits import DEFAULT_LIMITS, WireLimits
 from rollserve.wire.messages import (
     MESSAGE_TYPES,
@@ -109,8 +108,8 @@ def encode_message(msg: Message) -> bytes:
 
 
 # -- decoding ----------------------------------------------------------------------------------------
-def _bad(name: str, expected: str, value: Any, code: str = BAD_FIELD) -> WireError:
-    return WireError(code, f"field {name!r} must be {expected}, got {type(value).__name__}")
+def _bad(name: str, expected: str, value: Any) -> WireError:
+    return WireError(BAD_FIELD, f"field {name!r} must be {expected}, got {type(value).__name__}")
 
 
 def _header(field: str, value: Any, limits: WireLimits, payload: Payload) -> MsgHeader:
@@ -201,11 +200,9 @@ def _opt_array(name: str, value: Any, limits: WireLimits, payload: Payload) -> n
 
 
 def _images(name: str, value: Any, limits: WireLimits, payload: Payload) -> dict[str, np.ndarray]:
-    expected = f"a map of at most {limits.max_images} images"
     if not isinstance(value, dict):
-        raise _bad(name, expected, value)
-    if len(value) > limits.max_images:  # too many images: the images' code (docs/protocol.md)
-        raise _bad(name, expected, value, BAD_IMAGE)
+        raise _bad(name, "a map of camera name to image", value)
+    check_image_count(value, limits, name)  # before the loop: no image of too many is decoded
     for cam, image in value.items():  # tensor maps left as maps by unpack_message become arrays
         if type(image) is dict:
             if NDARRAY_KEY in image:

@@ -8,7 +8,7 @@ anything is decompressed. The msgpack decoder itself never decodes an image.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sized
 from typing import Any
 
 import numpy as np
@@ -31,15 +31,32 @@ def _rgb_size(image: Any) -> tuple[int, int] | None:
     return None
 
 
+def _check_pixels(height: int, width: int) -> None:
+    """At least one pixel: a policy handed a 0xW image fails deep inside, or answers anyway."""
+    if height < 1 or width < 1:
+        raise WireError(BAD_IMAGE, f"{height}x{width} image is empty: an image is at least 1x1")
+
+
 def check_image(image: np.ndarray, name: str = "image") -> None:
-    """Images are uint8, HxWx3 RGB."""
-    if _rgb_size(image) is None:
+    """Images are uint8, HxWx3 RGB, with at least one pixel."""
+    size = _rgb_size(image)
+    if size is None:
         shape = getattr(image, "shape", None)
         dtype = getattr(image, "dtype", type(image).__name__)
         raise WireError(BAD_IMAGE, f"{name} must be uint8 HxWx3 RGB, got {dtype} {shape}")
+    _check_pixels(*size)
+
+
+def check_image_count(images: Sized, limits: WireLimits = DEFAULT_LIMITS, name: str = "images") -> None:
+    """At most ``limits.max_images`` images: the one count rule of the codec, ``decode_images`` and
+    the openpi layouts, checked before any image is decoded (a count costs nothing, a decode megabytes)."""
+    if len(images) > limits.max_images:
+        message = f"{name!r} holds {len(images)} images; at most {limits.max_images} are accepted"
+        raise WireError(BAD_IMAGE, message)
 
 
 def _check_size(height: int, width: int, limits: WireLimits) -> None:
+    _check_pixels(height, width)
     if (
         height > limits.max_image_side
         or width > limits.max_image_side
@@ -81,8 +98,9 @@ def decode_images(
     Count first, then every image's size and the message's total pixels from headers alone; only
     then is anything decompressed, so a decompression bomb costs a header read.
     """
-    if not (type(value) is dict or isinstance(value, Mapping)) or len(value) > limits.max_images:
-        raise WireError(BAD_IMAGE, f"{name} must be a map of at most {limits.max_images} images")
+    if not (type(value) is dict or isinstance(value, Mapping)):
+        raise WireError(BAD_IMAGE, f"field {name!r} must be a map of camera name to image")
+    check_image_count(value, limits, name)
     images: dict[str, Any] = {}  # raw pixels at once; JPEG maps until every size is known
     jpeg_sizes: dict[str, tuple[int, int]] = {}
     total = 0

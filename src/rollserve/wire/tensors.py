@@ -175,12 +175,28 @@ def decode_array(
     return np.ndarray(shape, dtype, data, offset)
 
 
+# The Python types a scalar's data may have, per dtype kind: what ``encode_scalar`` writes, and an
+# int for a float. Anything else would be cast (1.5 -> 1 in an int, True -> 1 in a uint8).
+_SCALAR_DATA = {"b": (bool,), "i": (int,), "u": (int,), "f": (int, float)}
+
+
+def _fits(value: bool | int | float, dtype: np.dtype) -> bool:
+    """Whether ``dtype`` holds ``value`` as it is: numpy would wrap an out-of-range int (-1 as
+    uint8 is 255) and turn a float beyond the dtype's range into inf."""
+    if type(value) not in _SCALAR_DATA[dtype.kind]:
+        return False
+    if dtype.kind in ("i", "u"):
+        bounds = np.iinfo(dtype)
+        return bounds.min <= value <= bounds.max
+    with np.errstate(over="ignore"):  # msgpack's ints fit a float64; in a float16 they may be inf
+        return not math.isinf(dtype.type(value)) or math.isinf(value)  # an inf sent is an inf
+
+
 def decode_scalar(obj: dict[Any, Any]) -> np.generic:
     dtype = check_dtype(obj.get(b"dtype"))
     value = obj.get(b"data")
     if not isinstance(value, bool | int | float):
         raise WireError(MALFORMED_FRAME, "numpy scalar data must be a number")
-    try:
-        return dtype.type(value)
-    except (OverflowError, ValueError):
-        raise WireError(MALFORMED_FRAME, f"{value!r} does not fit dtype {dtype.str}") from None
+    if not _fits(value, dtype):
+        raise WireError(MALFORMED_FRAME, f"{value!r} does not fit dtype {dtype.str}")
+    return dtype.type(value)

@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from rollserve.wire.limits import DEFAULT_LIMITS
+from rollserve.wire.errors import WireError
+from rollserve.wire.images import check_image_count
 
 LAYOUT_NAMES = ("droid", "aloha", "libero")
 MAX_PROMPT_CHARS = 4096  # as the session protocol's task (WireLimits.max_task_chars)
-MAX_IMAGES = DEFAULT_LIMITS.max_images  # as the session protocol's images
 AUTO = "auto"
 
 # openpi key -> camera name, in the order used when the policy's cameras have other names.
@@ -64,6 +64,9 @@ def _image(value: Any, key: str) -> np.ndarray:
         image = np.ascontiguousarray(image.transpose(1, 2, 0))
     if image.shape[2] != 3:
         raise LayoutError(f"image {key!r} must have 3 channels, got shape {image.shape}")
+    if image.shape[0] < 1 or image.shape[1] < 1:  # as on the session wire (wire.images)
+        size = f"{image.shape[0]}x{image.shape[1]}"
+        raise LayoutError(f"image {key!r} is empty ({size}): an image is at least 1x1")
     return image
 
 
@@ -103,8 +106,10 @@ def aloha(obs: Mapping[str, Any]) -> dict[str, Any]:
         images = {}
     elif not isinstance(images, Mapping):  # before any truth test: an array has no truth value
         raise LayoutError("'images' must be a map of camera name to image")
-    if len(images) > MAX_IMAGES:  # counted before any image is converted, as on the session wire
-        raise LayoutError(f"'images' holds {len(images)} images; at most {MAX_IMAGES} are accepted")
+    try:  # counted before any image is converted: the session wire's rule and message
+        check_image_count(images)
+    except WireError as exc:
+        raise LayoutError(exc.message) from None
     return {
         "state": _state(obs, ("state",)),
         "images": {str(cam): _image(image, f"images/{cam}") for cam, image in images.items()},

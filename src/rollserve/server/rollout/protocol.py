@@ -82,7 +82,7 @@ StepId = Annotated[int, Strict(), Field(ge=0, lt=2**63, description="Monotonical
 class Observation(BaseModel):
     """What the robot saw. ``extra`` keys ``observation/*`` and ``seed`` pass through to the world."""
 
-    images: Annotated[dict[str, Any], Field(max_length=16)] | None = None
+    images: Annotated[dict[str, Any], Field(max_length=DEFAULT_LIMITS.max_images)] | None = None
     state: FloatList | None = None
     prompt: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] = ""
     extra: Extra = Field(default_factory=dict)
