@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -27,6 +27,8 @@ from rollserve.wire.messages import ActionChunkMsg, MsgHeader, ObservationMsg
 logger = logging.getLogger(__name__)
 
 Fallback = Literal["hold", "repeat", "zero"]
+# The ``rtc`` of a config that sets none: ``LocalInferenceEngine`` tells it from one a user set (by identity).
+DEFAULT_RTC = RTCConfig(enabled=True, execution_horizon=10)
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class EngineConfig:
     """Knobs of the loop. ``fallback`` is what ``get_action`` returns when the queue is empty:
     ``hold`` -> None (send no command, the robot holds), ``repeat`` -> the last action, ``zero`` -> zeros."""
 
-    rtc: RTCConfig = field(default_factory=lambda: RTCConfig(enabled=True, execution_horizon=10))
+    rtc: RTCConfig = DEFAULT_RTC
     fps: float = 15.0
     refill_margin: int = 2  # ask for a chunk once the queue holds <= expected delay + this many actions
     fallback: Fallback = "hold"
@@ -151,6 +153,7 @@ class InferenceEngine:
         self._running = False  # the thread is in its loop (under _lifecycle_lock)
         self._close_on_exit = False  # stop() timed out: the thread closes the source when it is done
         self.last_error: BaseException | None = None  # the last exception the background loop caught
+        self._failing = False  # the loop's latest request or reconnect failed and none succeeded since
 
     # -- lifecycle --------------------------------------------------------------------------------
     def connect(self) -> SourceInfo:
@@ -257,6 +260,13 @@ class InferenceEngine:
     @property
     def episode_id(self) -> int:
         return self._episode_id
+
+    @property
+    def healthy(self) -> bool:
+        """False from a failure the background loop caught (a request or a reconnect attempt) until
+        one of its requests is answered again. ``last_error`` keeps the failure after a recovery, for
+        diagnosis; a health check reads this."""
+        return not self._failing
 
     # -- one request ------------------------------------------------------------------------------
     def estimated_delay(self) -> int:
@@ -365,14 +375,13 @@ class InferenceEngine:
             try:
                 self.run_cycle(observation)
                 backoff = self.config.backoff_initial_s
+                self._failing = False  # answered (a stale reply too): the source works again
             except (ConnectionError, TimeoutError) as exc:
-                self.last_error = exc
-                self.stats.errors += 1
+                self._record_failure(exc)
                 logger.warning("policy source unavailable (%s); reconnecting", exc)
                 self._recover()
             except Exception as exc:
-                self.last_error = exc
-                self.stats.errors += 1
+                self._record_failure(exc)
                 if getattr(exc, "code", None) in REOPEN_CODES:
                     logger.warning("session lost (%s); reopening", exc)
                     self._recover()
@@ -402,12 +411,17 @@ class InferenceEngine:
     def _failed_attempt(self, exc: Exception, backoff: float) -> None:
         """Record a failed recovery in ``last_error`` and the error count. An unreachable server
         is expected while it restarts; a refusal (e.g. ``SessionRejected``) needs a person: an error."""
-        self.last_error = exc
-        self.stats.errors += 1
+        self._record_failure(exc)
         if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
             logger.info("reconnect failed (%s); retrying in %.2fs", exc, backoff)
         else:
             logger.error("reopening the session failed (%s); retrying in %.2fs", exc, backoff)
+
+    def _record_failure(self, exc: BaseException) -> None:
+        """A caught failure: kept in ``last_error``, counted, and the engine unhealthy until an answer."""
+        self.last_error = exc
+        self.stats.errors += 1
+        self._failing = True
 
     # -- stats ------------------------------------------------------------------------------------
     def latency_stats(self) -> dict[str, float]:

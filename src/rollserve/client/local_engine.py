@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollserve.client.inference_loop import ChunkRequest, EngineConfig, InferenceEngine, SourceInfo
+from rollserve.client.inference_loop import (
+    DEFAULT_RTC,
+    ChunkRequest,
+    EngineConfig,
+    InferenceEngine,
+    SourceInfo,
+)
 from rollserve.models.policy import Policy, make_processors
 from rollserve.wire.messages import ActionChunkMsg
 
@@ -46,8 +52,26 @@ class LocalChunkSource:
 
 
 class LocalInferenceEngine(InferenceEngine):
-    """Robot-side RTC engine with ``policy`` in this process; see :class:`InferenceEngine`."""
+    """Robot-side RTC engine with ``policy`` in this process; see :class:`InferenceEngine`.
 
-    def __init__(self, policy: Policy, config: EngineConfig | None = None, **source_kwargs: Any) -> None:
+    No server announces an execution horizon here, so the user's is used: ``execution_horizon``
+    (the in-process ``--rtc-horizon``: it wins, as a server's does over the config's), else the
+    horizon of an ``rtc`` the config sets, else the policy's own (as a server started without
+    ``--rtc-horizon`` uses); never beyond the policy's chunk, as on a server.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        config: EngineConfig | None = None,
+        *,
+        execution_horizon: int | None = None,
+        **source_kwargs: Any,
+    ) -> None:
         config = config or EngineConfig()
-        super().__init__(LocalChunkSource(policy, task=config.task, **source_kwargs), config)
+        if execution_horizon is None and config.rtc is not DEFAULT_RTC:
+            execution_horizon = config.rtc.execution_horizon
+        source = LocalChunkSource(
+            policy, execution_horizon=execution_horizon, task=config.task, **source_kwargs
+        )
+        super().__init__(source, config)
