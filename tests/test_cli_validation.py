@@ -202,12 +202,12 @@ def test_dataset_refuses_an_unwritable_out(capsys: pytest.CaptureFixture, no_lon
 
 
 def test_dataset_write_failure_leaves_no_partial_file(tmp_path: Path) -> None:
-    from rollserve.sim.dataset import _write_npz
+    from rollserve.sim.dataset import write_npz
 
     target = tmp_path / "taken"
     target.mkdir()
     with pytest.raises(OSError):
-        _write_npz(target, {"x": np.zeros(1)}, compress=False)
+        write_npz(target, {"x": np.zeros(1)}, compress=False)
     assert not (tmp_path / "taken.partial").exists()
 
 

@@ -68,3 +68,39 @@ def test_serve_help_documents_the_lerobot_syntax() -> None:
     assert "'lerobot:PATH' for a LeRobot checkpoint directory" in text and "--action-names" in text
     args = parser.parse_args(["--policy", "lerobot:x", "--action-names", "a,b", "--policy-arg", "seed=3"])
     assert policy_kwargs_of(args) == {"seed": 3, "action_names": ["a", "b"]}
+
+
+# -- --policy-arg seed=...: checked before LeRobot is imported ------------------------------------
+
+
+@pytest.mark.parametrize("seed", ["abc", 1.5, 3.0, True, -1, 2**64, [1]])
+def test_a_seed_that_is_not_a_whole_number_from_0_is_refused(tmp_path: Path, seed: object) -> None:
+    """A string, a fraction, a bool or a negative number would fail at the first session, be cut to
+    a whole number, or be wrapped modulo 2**64 by torch: each is refused when the policy loads."""
+    with pytest.raises(PolicyLoadError) as info:
+        load_policy(f"lerobot:{_checkpoint(tmp_path, 'smolvla')}", seed=seed)
+    assert "seed must be a whole number from 0 to 2**64 - 1, got " + repr(seed) in str(info.value)
+    assert "pip install" not in str(info.value)  # refused before LeRobot is needed
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lerobot") is not None, reason="LeRobot is installed here")
+@pytest.mark.parametrize("seed", [None, 0, 7, 2**64 - 1])
+def test_a_whole_seed_passes_the_check(tmp_path: Path, seed: int | None) -> None:
+    """Without LeRobot the next refusal is the install hint: the seed itself was accepted."""
+    with pytest.raises(PolicyLoadError, match=r"pip install 'rollserve\[lerobot\]'"):
+        load_policy(f"lerobot:{_checkpoint(tmp_path, 'smolvla')}", seed=seed)
+
+
+@pytest.mark.parametrize(("arg", "shown"), [("seed=abc", "'abc'"), ("seed=-3", "-3"), ("seed=2.5", "2.5")])
+def test_serve_refuses_a_bad_policy_arg_seed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], arg: str, shown: str
+) -> None:
+    from rollserve.cli import main as cli_main
+
+    path = _checkpoint(tmp_path, "act")
+    code = cli_main(["serve", "--policy", f"lerobot:{path}", "--policy-arg", arg, "--port", "0"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert f"rollserve serve: error: policy spec 'lerobot:{path}': seed must be a whole number" in err
+    assert err.rstrip().endswith(f"got {shown}"), err

@@ -149,7 +149,7 @@ def generate_dataset(
     }
     for name, frames in images.items():
         arrays[f"images_{name}"] = np.stack(frames) if frames else np.zeros((0, *env.image_size, 3), np.uint8)
-    path = _write_npz(Path(out_path), arrays, compress=render_images)
+    path = write_npz(Path(out_path), arrays, compress=render_images)
     return DatasetSummary(
         path=path,
         num_episodes=num_episodes,
@@ -193,8 +193,12 @@ def load_dataset(path: str | os.PathLike[str]) -> Dataset:
         )
 
 
-def _write_npz(path: Path, arrays: dict[str, np.ndarray], compress: bool) -> Path:
-    """Write atomically (a reader never sees half a file) to exactly ``path``."""
+def write_npz(path: Path, arrays: dict[str, np.ndarray], compress: bool) -> Path:
+    """Write atomically (a reader never sees half a file) to exactly ``path``.
+
+    The arrays go to ``<name>.partial`` beside ``path``, then ``os.replace`` puts it in place: a
+    write cut short leaves ``path`` as it was (absent, or the previous file), never truncated.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     try:

@@ -245,13 +245,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"net is an EMA (decay {defaults.ema_decay}) that needs about 3000 steps to forget the untrained "
         "initial weights",
     )  # fmt: skip
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--batch-size", type=positive_int, default=defaults.batch_size)
-    parser.add_argument("--lr", type=positive_float, default=defaults.lr)
-    parser.add_argument("--chunk-size", type=positive_int, default=defaults.chunk_size)
-    parser.add_argument("--hidden-dim", type=positive_int, default=defaults.hidden_dim)
-    parser.add_argument("--depth", type=non_negative_int, default=defaults.depth)
-    parser.add_argument("--state-noise", type=non_negative_float, default=defaults.state_noise)
+    parser.add_argument(
+        "--seed", type=non_negative_int, default=defaults.seed,
+        help="seed of the initial weights, the batches and the training noise, and of the saved "
+        "policy's own sampling noise",
+    )  # fmt: skip
+    parser.add_argument(
+        "--batch-size", type=positive_int, default=defaults.batch_size, help="frames per optimiser step"
+    )
+    parser.add_argument(
+        "--lr", type=positive_float, default=defaults.lr, help="peak learning rate (AdamW, after the warm-up)"
+    )
+    parser.add_argument(
+        "--chunk-size", type=positive_int, default=defaults.chunk_size,
+        help="actions the policy predicts per call",
+    )  # fmt: skip
+    parser.add_argument(
+        "--hidden-dim", type=positive_int, default=defaults.hidden_dim, help="width of the velocity net"
+    )
+    parser.add_argument(
+        "--depth", type=non_negative_int, default=defaults.depth, help="residual blocks of the velocity net"
+    )
+    parser.add_argument(
+        "--state-noise", type=non_negative_float, default=defaults.state_noise,
+        help="std of Gaussian noise on the normalised training states (robustness to drift; 0: none)",
+    )  # fmt: skip
     parser.add_argument(
         "--threads", type=positive_int, default=1, help="torch CPU threads (1 = reproducible)"
     )

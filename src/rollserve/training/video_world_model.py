@@ -59,8 +59,12 @@ class VideoEpisodes:
     seeds: np.ndarray
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez_compressed(path, **{k: getattr(self, k) for k in ("frames", "states", "actions", "seeds")})
+        """Write atomically: a save cut short (Ctrl-C, a full disk) leaves no half file for the next
+        run to load as its cache."""
+        from rollserve.sim.dataset import write_npz  # the sim extra: rendering needed it already
+
+        arrays = {k: getattr(self, k) for k in ("frames", "states", "actions", "seeds")}
+        write_npz(path, arrays, compress=True)
 
     @classmethod
     def load(cls, path: Path) -> VideoEpisodes:
@@ -325,15 +329,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"frame size: a multiple of 8 from {MIN_IMAGE_SIZE} to {MAX_IMAGE_SIZE} (default "
         f"{DEFAULT_IMAGE_SIZE}; with --evaluate-only, the checkpoint's)",
     )  # fmt: skip
-    parser.add_argument("--latent-channels", type=positive_int, default=16)
-    parser.add_argument("--width", type=positive_int, default=64)
-    parser.add_argument("--dynamics-width", type=positive_int, default=32)
-    parser.add_argument("--ae-iterations", type=positive_int, default=1500)
-    parser.add_argument("--dyn-iterations", type=positive_int, default=1500)
-    parser.add_argument("--decoder-iterations", type=non_negative_int, default=500)
-    parser.add_argument("--batch", type=positive_int, default=24)
+    parser.add_argument("--latent-channels", type=positive_int, default=16, help="channels of the latent")
+    parser.add_argument("--width", type=positive_int, default=64, help="encoder/decoder channels")
+    parser.add_argument("--dynamics-width", type=positive_int, default=32, help="latent dynamics channels")
+    parser.add_argument(
+        "--ae-iterations", type=positive_int, default=1500, help="autoencoder phase iterations"
+    )
+    parser.add_argument("--dyn-iterations", type=positive_int, default=1500, help="dynamics phase iterations")
+    parser.add_argument(
+        "--decoder-iterations",
+        type=non_negative_int,
+        default=500,
+        help="decoder fine-tuning iterations (0 skips it)",
+    )
+    parser.add_argument("--batch", type=positive_int, default=24, help="samples (episode, time) per batch")
     parser.add_argument("--unroll", type=positive_int, default=6, help="at most --steps")
-    parser.add_argument("--seed", type=non_negative_int, default=0)
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="training seed")
     parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
     parser.add_argument("--data", type=output_file, default=None, help="cache of rendered episodes (.npz)")
     parser.add_argument(

@@ -274,18 +274,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--noise", type=non_negative_float, nargs="+", default=[0.0, 0.02, 0.05, 0.1],
         help="action noise (rad)",
     )  # fmt: skip
-    parser.add_argument("--ensemble", type=positive_int, default=5)
-    parser.add_argument("--hidden", type=positive_int, default=256)
-    parser.add_argument("--depth", type=non_negative_int, default=2)
-    parser.add_argument("--iterations", type=positive_int, default=6000)
-    parser.add_argument("--batch", type=positive_int, default=256)
+    parser.add_argument("--ensemble", type=positive_int, default=5, help="networks in the ensemble")
+    parser.add_argument("--hidden", type=positive_int, default=256, help="hidden units per layer")
+    parser.add_argument("--depth", type=non_negative_int, default=2, help="hidden layers")
+    parser.add_argument("--iterations", type=positive_int, default=6000, help="one-step training iterations")
+    parser.add_argument("--batch", type=positive_int, default=256, help="transitions per batch")
     parser.add_argument(
         "--unroll", type=positive_int, default=12, help="steps of the multi-step phase (below --steps)"
     )
     parser.add_argument(
         "--unroll-iterations", type=non_negative_int, default=3000, help="0 skips the multi-step phase"
     )
-    parser.add_argument("--seed", type=non_negative_int, default=0)
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="training seed")
     parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
     parser.add_argument(
         "--out", type=output_dir, default=None, help="checkpoint directory (default: the shipped one)"

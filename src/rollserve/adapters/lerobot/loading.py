@@ -8,6 +8,7 @@ own (``policy_preprocessor.json`` / ``policy_postprocessor.json`` with their nor
 from __future__ import annotations
 
 import json
+import numbers
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,7 @@ def load_lerobot_policy(
     pi0, pi0.5) whose config leaves it off, with ``execution_horizon`` / ``max_guidance_weight``
     overriding the checkpoint's values. ``action_names`` is a list or a comma-separated string.
     """
+    _check_seed(seed)
     path = Path(path).expanduser()
     policy_type = read_policy_type(path)
     support = SUPPORTED_TYPES[policy_type]
@@ -122,6 +124,23 @@ def load_lerobot_policy(
         policy, preprocessor, postprocessor, support=support, metadata=metadata,
         camera_keys=camera_keys, image_shape=image_shape, device=device, seed=seed,
     )  # fmt: skip
+
+
+MAX_SEED = 2**64 - 1
+"""The largest seed ``torch.Generator.manual_seed`` takes as given (it wraps negative ones)."""
+
+
+def _check_seed(seed: object) -> None:
+    """Refuse a seed that is not a whole number from 0 to ``MAX_SEED`` when the policy loads.
+
+    ``--policy-arg seed=VALUE`` hands over whatever JSON made of VALUE: a string would only fail
+    at the first session, a fraction or a bool would be cut to a whole number, and torch wraps a
+    negative seed modulo 2**64, so another value than the one given would seed the noise.
+    """
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) <= MAX_SEED:
+        raise LeRobotLoadError(f"seed must be a whole number from 0 to 2**64 - 1, got {seed!r}")
 
 
 def _enable_rtc(config: Any, execution_horizon: int | None, max_guidance_weight: float | None) -> None:
