@@ -151,3 +151,59 @@ def test_serve_ray_refuses_an_unknown_world_as_one_process_does_before_starting_
         == "rollserve serve: error: unknown world 'nope': use sim, learned, video, toy or module.path:factory"
     )
     assert _serve_error("--ray", "--world", "nope") == alone
+
+
+# -- the policy and the policy a world acts with, resolved as `rollserve serve` resolves them ----------
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"policy": "nope"}, "policy spec 'nope' must look like 'package.module:factory'"),
+        (
+            {"policy": "no_such_module:make"},
+            "policy spec 'no_such_module:make': no module named 'no_such_module'",
+        ),
+        (
+            {"policy": "rollserve.models.checkpoint:nope"},
+            "policy spec 'rollserve.models.checkpoint:nope': 'rollserve.models.checkpoint' has no "
+            "attribute 'nope'",
+        ),
+        (
+            {"policy": "rollserve.models.world_action:REFERENCE_POLICY"},
+            "policy spec 'rollserve.models.world_action:REFERENCE_POLICY': 'REFERENCE_POLICY' is neither a "
+            "factory nor a policy",
+        ),
+        ({"policy": "lerobot:"}, "policy spec 'lerobot:' needs a checkpoint directory: 'lerobot:PATH'"),
+        (
+            {"world": "toy", "world_policy": "no_such_module:make"},
+            "policy spec 'no_such_module:make': no module named 'no_such_module'",
+        ),
+        ({"world": "toy", "world_policy": "served"}, "--world-policy served needs --policy SPEC"),
+    ],
+)
+def test_a_policy_the_cli_refuses_is_refused_in_its_words(args: dict, message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        build_app(args)
+    assert str(err.value) == message
+
+
+def test_a_policy_is_resolved_but_never_loaded_by_the_builder(monkeypatch) -> None:
+    def boom(**_: object) -> None:
+        raise AssertionError("the builder loaded a policy: that is each replica's job, on its devices")
+
+    monkeypatch.setattr("rollserve.models.checkpoint.load_default", boom)  # the reference policy too
+    for args in (
+        {"policy": "rollserve.models.checkpoint:load_default", "policy_kwargs": {"device": "cpu"}},
+        {"world": "toy", "world_policy": "reference"},
+        {"world": "toy", "world_policy": "rollserve.models.checkpoint:load_default"},
+        {"policy": "rollserve.models.checkpoint:load_default", "world": "toy", "world_policy": "served"},
+        {"policy": "lerobot:/a/checkpoint/on/the/replicas/nodes"},
+    ):
+        assert isinstance(build_app(args), serve.Application)
+
+
+def test_serve_ray_refuses_a_bad_policy_as_one_process_does_before_starting_ray() -> None:
+    alone = _serve_error("--policy", "no_such_module:make")
+    assert (
+        alone == "rollserve serve: error: policy spec 'no_such_module:make': no module named 'no_such_module'"
+    )
+    assert _serve_error("--ray", "--policy", "no_such_module:make") == alone

@@ -302,7 +302,7 @@ def test_the_table_draws_a_forks_seeds_from_the_source_only_when_the_fork_lands(
     landed = table.insert(to_record(_session("f", 0, "src")), source.incarnation)
     draws = seed_draws(3)
     fork_seeds = np.random.default_rng(draws.integers(2**63))
-    assert landed[0] == "ok" and landed[1][1].bit_generator.state == fork_seeds.bit_generator.state
+    assert landed[0] == "ok" and landed[1][1]["seeds"].bit_generator.state == fork_seeds.bit_generator.state
     assert table.find("f")["seeds"].bit_generator.state == fork_seeds.bit_generator.state
     assert source_seeds() == draws.bit_generator.state
     full = table.insert(to_record(_session("g", 0, "src")), source.incarnation)
@@ -406,3 +406,23 @@ def test_a_new_deploys_capacity_and_ttl_hold_on_the_running_table() -> None:
     assert _fill(table, "c") == ["ok"] and table.stats()["capacity"] == 100
     now[0] = 6.0
     assert table.count() == 0  # idle past the new TTL
+
+
+async def test_a_status_read_on_any_replica_does_not_keep_a_session_alive() -> None:
+    """As in one process: a monitoring poll is not use, so an abandoned session still expires."""
+    now = [0.0]
+    table = SessionTable(3, 10.0, clock=lambda: now[0])
+    a, b = replica(ToyWorld(), LocalTable(table), 3), replica(ToyWorld(), LocalTable(table), 3)
+    try:
+        sid = await new_session(a)
+        await a.step(sid, step_req(0))  # the last use: at t=0
+        for t in (4.0, 8.0):  # polled on both replicas, inside the TTL
+            now[0] = t
+            assert (await a.get_status(sid)).closed_reason is None
+            assert (await b.get_status(sid)).closed_reason is None
+        now[0] = 10.5  # 10.5 s after the step, 2.5 s after the last poll
+        assert (await b.get_status(sid)).closed_reason == "expired"
+        assert (await a.step(sid, step_req(1))).error.code == "session_expired"
+    finally:
+        a.close()
+        b.close()

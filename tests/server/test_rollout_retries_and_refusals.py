@@ -204,17 +204,17 @@ def test_a_fork_retried_behind_a_close_of_its_source_answers_like_the_original()
 
 
 class ForkedElsewhereStore(RolloutStore):
-    """A store where another replica inserts the same fork just before this process claims its id."""
+    """A store where another replica inserts the same fork just before this process inserts its own."""
 
     def __init__(self) -> None:
         super().__init__(16, 600.0)
         self.rival: RolloutSession | None = None
 
-    async def claim(self, session_id: str | None) -> str:
+    async def insert(self, session: RolloutSession) -> RolloutSession:
         if self.rival is not None:
             rival, self.rival = self.rival, None
             self.add(rival)
-        return await super().claim(session_id)
+        return await super().insert(session)
 
 
 async def test_a_fork_that_another_replica_made_meanwhile_is_answered_not_refused() -> None:

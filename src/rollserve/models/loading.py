@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from rollserve.models.policy import Policy, PolicyMetadata
@@ -43,8 +45,18 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
     ``factory`` may also name a ready policy object (then ``kwargs`` must be empty).
     ``lerobot:PATH`` loads a LeRobot checkpoint directory (``kwargs`` go to its loader).
     """
+    return policy_builder(spec, **kwargs)()
+
+
+def policy_builder(spec: str, **kwargs: Any) -> Callable[[], Policy]:
+    """What loads the policy ``spec`` names, resolved but not called: a Serve deployment checks a
+    spec this way before its replicas load the policy on their own devices. A spec that names
+    nothing loadable raises ``PolicyLoadError`` (a ``lerobot:PATH`` directory is read only when
+    called: it is on the replicas' nodes)."""
     if spec.startswith(LEROBOT_PREFIX):
-        return _load_lerobot(spec, **kwargs)
+        if not spec[len(LEROBOT_PREFIX) :]:
+            raise PolicyLoadError("policy spec 'lerobot:' needs a checkpoint directory: 'lerobot:PATH'")
+        return partial(_load_lerobot, spec, **kwargs)
     module_path, sep, attr = spec.partition(":")
     if not sep or not module_path or not attr or ":" in attr:
         hint = ""
@@ -60,16 +72,23 @@ def load_policy(spec: str, **kwargs: Any) -> Policy:
     if isinstance(getattr(target, "metadata", None), PolicyMetadata) and not isinstance(target, type):
         if kwargs:
             raise PolicyLoadError(f"policy spec {spec!r} names a policy object; it takes no arguments")
-        policy = target
-    elif callable(target):
-        try:
-            policy = target(**kwargs)
-        except Exception as exc:
-            raise PolicyLoadError(
-                f"policy spec {spec!r}: calling {attr}() failed: {type(exc).__name__}: {exc}"
-            ) from exc
-    else:
+        return partial(_checked, target, spec)
+    if not callable(target):
         raise PolicyLoadError(f"policy spec {spec!r}: {attr!r} is neither a factory nor a policy")
+    return partial(_call_factory, target, spec, attr, kwargs)
+
+
+def _call_factory(factory: Callable[..., Any], spec: str, attr: str, kwargs: dict[str, Any]) -> Policy:
+    try:
+        policy = factory(**kwargs)
+    except Exception as exc:
+        raise PolicyLoadError(
+            f"policy spec {spec!r}: calling {attr}() failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    return _checked(policy, spec)
+
+
+def _checked(policy: Any, spec: str) -> Policy:
     _check_policy(policy, spec)
     return policy
 
@@ -78,8 +97,6 @@ def _load_lerobot(spec: str, **kwargs: Any) -> Policy:
     from rollserve.adapters.lerobot import load_lerobot_policy
 
     path = spec[len(LEROBOT_PREFIX) :]
-    if not path:
-        raise PolicyLoadError("policy spec 'lerobot:' needs a checkpoint directory: 'lerobot:PATH'")
     try:
         policy = load_lerobot_policy(path, **kwargs)
     except TypeError as exc:

@@ -6,20 +6,23 @@ policy (the reference flow policy, a policy factory, or the policy the same serv
 
 The policy sees the world's state vector: ``WorldOutput.vector`` when the world sends one next to
 another tensor (a rendering ``sim`` session's camera frame, the ``video`` world's latent), else the
-observation itself (``sim`` without frames, ``learned``, ``toy``). It never sees camera frames: a
-session renders only if its client asks, so frames would make the chosen action depend on a view
-option, and a rendering session must act exactly as a plain one from the same seed.
+observation itself (``sim`` without frames, ``learned``, ``toy``). It never sees the frames the world
+renders: a session renders only if its client asks, so frames would make the chosen action depend
+on a view option, and a rendering session must act exactly as a plain one from the same seed. What
+the step's request carries it does see, as a served policy does: the prompt as its ``task``, and
+the request's images under the policy's camera names (``metadata.camera_names``).
 
 It stays functional. An ``ActingState`` holds the wrapped world's state, the state vector the
 policy sees, and the actions still to execute from the last predicted chunk. When a step brings
 no action the world plays the next planned action, or, with none left, asks the policy for a chunk
 whose noise is seeded from the committed state vector; so the chosen action depends only on the
-committed state, and a retry, a replay, a fork or a second session from the same seed chooses the
-same one. Each session is planned by its own policy call, also in a batch (see ``_plan``), so how
-steps were batched never changes a plan. The wrapped world still steps the batch in one call: the
-``sim`` world is exact, but the ``learned`` and ``video`` worlds' batched forward passes can differ
-in the last bits between batch compositions, and on them two twins stay bit-equal only when their
-steps were batched alike. A step with an action applies it and drops the plan (the client took over).
+committed state and the request (its prompt and images), and a retry, a replay, a fork or a second
+session from the same seed chooses the same one for the same request. Each session is planned by
+its own policy call, also in a batch (see ``_plan``), so how steps were batched never changes a plan.
+The wrapped world still steps the batch in one call: the ``sim`` world is exact, but the
+``learned`` and ``video`` worlds' batched forward passes can differ in the last bits between batch
+compositions, and on them two twins stay bit-equal only when their steps were batched alike. A step
+with an action applies it and drops the plan (the client took over).
 """
 
 from __future__ import annotations
@@ -52,7 +55,9 @@ class ActingWorld:
 
     The policy must take the world's state vector (``spec.state_layout``) as its state and return
     actions in the world's action layout; ``execute`` actions of each chunk are played before
-    predicting again. It gets no images, rendered or not (see the module docstring).
+    predicting again. It gets the planning step's prompt (``task``) and the images that step's
+    request carries under its camera names, never the frames the world renders (see the module
+    docstring).
     Its processors must be pure functions (the reference policy's normalise and unnormalise).
     """
 
@@ -104,7 +109,7 @@ class ActingWorld:
             else:
                 chosen.append(RuntimeError("not planned"))  # replaced once the policy planned
                 need.append(i)
-        for i, plan in zip(need, self._plan([steps[i].state.observation for i in need]), strict=True):
+        for i, plan in zip(need, self._plan([steps[i] for i in need]), strict=True):
             chosen[i] = plan if isinstance(plan, BaseException) else (plan[0], plan[1:])
         results: list[WorldOutput | BaseException] = []
         runnable: list[tuple[int, np.ndarray, np.ndarray]] = []
@@ -126,21 +131,21 @@ class ActingWorld:
         self.world.close()
 
     # -- helpers -----------------------------------------------------------------------------------
-    def _plan(self, observations: list[np.ndarray]) -> list[np.ndarray | BaseException]:
-        """The next ``execute`` robot-space actions for each observation, or the error that stopped it.
+    def _plan(self, steps: list[WorldStep]) -> list[np.ndarray | BaseException]:
+        """The next ``execute`` robot-space actions for each step, or the error that stopped it.
 
-        One policy call per observation, never one batched call: a batched forward pass rounds
+        One policy call per step, never one batched call: a batched forward pass rounds
         differently with the batch's size and rows (the reference policy by ~1e-7), and the next
         plan's noise seed hashes the exact state bits, so a twin session stepped in another batch
-        would drift away. Planned alone, the action depends only on the committed state.
+        would drift away. Planned alone, the action depends only on the committed state and its request.
         """
-        return [self._plan_one(obs) for obs in observations]
+        return [self._plan_one(step.state.observation, step.inputs) for step in steps]
 
-    def _plan_one(self, observation: np.ndarray) -> np.ndarray | BaseException:
+    def _plan_one(self, observation: np.ndarray, inputs: dict[str, Any]) -> np.ndarray | BaseException:
         """One state vector's plan; an error is returned, not raised, so it fails only its own item."""
         try:
-            batch = self._processors.pre({"state": np.array(observation, dtype=np.float32)})
-            batch["seed"] = seed_of(observation)
+            batch = self._processors.pre(self._policy_observation(observation, inputs))
+            batch["seed"] = seed_of(observation)  # from the state alone, never the prompt or images
             chunk = self.policy.predict_action_chunk(batch)
             robot = np.asarray(self._processors.post(np.asarray(chunk)), dtype=np.float32)[: self.execute]
             if robot.ndim != 2 or robot.shape[1] != self.spec.action_dim or not np.all(np.isfinite(robot)):
@@ -148,6 +153,13 @@ class ActingWorld:
             return _frozen(robot)
         except Exception as exc:
             return exc
+
+    def _policy_observation(self, observation: np.ndarray, inputs: dict[str, Any]) -> dict[str, Any]:
+        """What a policy's processors take (``state``, ``images``, ``task``): the state vector, and of
+        the step's request (folded by the rollout service) its prompt and its camera images."""
+        images = {name: inputs[name] for name in self.policy.metadata.camera_names if name in inputs}
+        state = np.array(observation, dtype=np.float32)
+        return {"state": state, "images": images, "task": str(inputs.get("prompt") or "")}
 
     @staticmethod
     def _wrap(out: WorldOutput | BaseException, plan: np.ndarray) -> WorldOutput | BaseException:

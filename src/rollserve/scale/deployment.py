@@ -78,6 +78,20 @@ def check_world(spec: str) -> None:
     world_builder(spec)
 
 
+def check_policies(policy: str | None, policy_kwargs: dict[str, Any], world_policy: str | None) -> None:
+    """Refuse a ``policy`` (with its ``policy_kwargs``) or a world's ``world_policy`` that
+    ``rollserve serve --policy`` / ``--world-policy`` refuses, in its words (``PolicyLoadError``),
+    by the same resolution, without loading it: that is each replica's job, on its own devices."""
+    from rollserve.models.loading import policy_builder
+    from rollserve.server.launch import world_policy_spec
+
+    if policy:
+        policy_builder(str(policy), **policy_kwargs)
+    spec = world_policy_spec(world_policy, bool(policy))
+    if spec is not None:
+        policy_builder(spec)
+
+
 def checked_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """``settings`` (ServerSettings fields by name) with the CLI's checks applied. Refused: unknown
     names, and those a replica never applies under Serve (the proxy's) given a non-default value."""
@@ -120,6 +134,8 @@ class ReplicaConfig:
         """Refuse once, in the builder, what every replica would otherwise ignore or die on."""
         if not (self.policy or self.world):
             raise ValueError("the app serves nothing: give policy or world (or both)")
+        # in one process's order: the policy, the policy a world acts with (only with a world), the world
+        check_policies(self.policy, self.policy_kwargs, self.world_policy if self.world else None)
         if self.world:
             check_world(str(self.world))
         checked("openpi_layout", flag_check("--openpi-layout"), self.openpi_layout)

@@ -37,19 +37,22 @@ class SharedRolloutStore:
         return _unwrap(await self._call("claim", session_id))
 
     async def insert(self, session: RolloutSession) -> RolloutSession:
-        """Add ``session``; a fork gets the seed sequence the table drew for it from its source's."""
+        """Add ``session``; a fork takes what the table gave it as it landed: its source's latest
+        committed state and the seed sequence the table drew for it from the source's."""
         source = None if session.forked_from is None else self._views.get(session.forked_from)
         incarnation = None if source is None else source.incarnation
-        session.last_used, fork_seeds = _unwrap(await self._call("insert", to_record(session), incarnation))
-        if fork_seeds is not None:
-            session.seeds = fork_seeds
+        session.last_used, forked = _unwrap(await self._call("insert", to_record(session), incarnation))
+        for name, value in (forked or {}).items():
+            setattr(session, name, value)
         self._keep(session)
         return session
 
-    async def open(self, session_id: str, *, include_closed: bool = False) -> RolloutSession:
+    async def open(
+        self, session_id: str, *, include_closed: bool = False, touch: bool = True
+    ) -> RolloutSession:
         view = self._views.get(session_id)
         have = None if view is None or view.closed else view_of(view)
-        answer = await self._call("open", session_id, include_closed, have)
+        answer = await self._call("open", session_id, include_closed, have, touch)
         if answer[0] == "error" and view is not None:
             self._views.pop(session_id, None)
             view.closed_reason = "expired" if answer[1] == "session_expired" else "closed"
@@ -63,7 +66,11 @@ class SharedRolloutStore:
         return None if record is None else self._refresh(session_id, record)
 
     async def commit(self, session: RolloutSession, change: Commit) -> bool:
-        answer = await self._call("commit", session.session_id, change_of(change), session.incarnation)
+        # a reset's seed sequence lands only over the sequence it was drawn from (as this view has it)
+        seeds_base = None if change.seeds is None else session.seeds.bit_generator.state
+        answer = await self._call(
+            "commit", session.session_id, change_of(change), session.incarnation, seeds_base
+        )
         if answer[0] == "ok":
             apply_commit(session, change)
             session.last_used = answer[1]

@@ -30,6 +30,9 @@ RECORD_FIELDS = tuple(f.name for f in fields(RolloutSession) if f.name != "lock"
 # What a replica's cached view needs refreshed when its state is already current (affinity): the
 # seed sequence too, which a fork on any replica advances without moving the counters.
 COUNTER_FIELDS = ("epoch", "committed_step_id", "context_length", "closed_reason", "last_used", "seeds")
+# What a fork takes from its source's committed state, as the table holds it when the fork lands
+# (what a commit can move; the rest is the source's for its whole life or the fork's own).
+FORK_COPIES = ("state", "root", "observation", "committed_step_id", "context_length", "last", "frames")
 
 Answer = tuple[Any, ...]
 View = tuple[str, int, int]  # (incarnation, epoch, committed_step_id)
@@ -78,25 +81,30 @@ class SessionTable:
             return _refusal(exc)
 
     def insert(self, record: dict[str, Any], source_incarnation: str | None = None) -> Answer:
-        """Add the session; answers ``(last_used, seeds)``, ``seeds`` a fork's (else None). A fork
-        (``forked_from``) lands only while its source is still the session ``source_incarnation``
-        the replica copied, and its seeds are drawn here, from the source's sequence as the table
-        holds it, which keeps the advanced sequence in the same call: two forks of a source get
-        different seeds wherever they ran, and a refused fork draws nothing."""
+        """Add the session; answers ``(last_used, forked)``, ``forked`` None unless it is a fork.
+
+        A fork (``forked_from``) lands only while its source is still the session
+        ``source_incarnation`` the replica opened, and takes from the source as the table holds it
+        when it lands, in this one atomic call (as one process forks under the source's lock): the
+        committed state (``FORK_COPIES``, so a step another replica committed after the replica's
+        open is in the fork) and its seed sequence, drawn from the source's, which keeps the
+        advanced sequence. ``forked`` holds those fields for the replica's copy. The id is reserved
+        once (by ``add``), after the source check, in one process's order; a refused fork draws
+        nothing."""
         session = from_record(record)
-        source = draws = None
         try:
-            self.sessions.reserve(session.session_id)
+            source = None
             if session.forked_from is not None:
                 source = self._source(session.forked_from, source_incarnation, session.committed_step_id)
-                session.seeds, draws = fork_draw(source.seeds)
             self.sessions.add(session)
         except RolloutError as exc:
             return _refusal(exc)
-        if source is not None:
-            source.seeds = draws
-            return ("ok", (session.last_used, session.seeds))
-        return ("ok", (session.last_used, None))
+        if source is None:
+            return ("ok", (session.last_used, None))
+        for name in FORK_COPIES:
+            setattr(session, name, getattr(source, name))
+        session.seeds, source.seeds = fork_draw(source.seeds)
+        return ("ok", (session.last_used, {name: getattr(session, name) for name in (*FORK_COPIES, "seeds")}))
 
     def _source(self, source_id: str, incarnation: str | None, committed: int) -> RolloutSession:
         """A fork's open source; refused when it closed, expired, or is a later session with its id
@@ -108,13 +116,13 @@ class SessionTable:
             )
         return source
 
-    def open(self, session_id: str, include_closed: bool, have: View | None) -> Answer:
-        """The session (touched), whole, or only its counters and seed sequence when ``have`` shows
-        the caller's copy of the state is current: then the state does not cross the wire. ``have``
-        names the incarnation too: counters alone cannot tell a new session with a reused id from
-        the old."""
+    def open(self, session_id: str, include_closed: bool, have: View | None, touch: bool = True) -> Answer:
+        """The session (touched unless ``touch`` is False: a status read is not use), whole, or only
+        its counters and seed sequence when ``have`` shows the caller's copy of the state is
+        current: then the state does not cross the wire. ``have`` names the incarnation too:
+        counters alone cannot tell a new session with a reused id from the old."""
         try:
-            session = self.sessions.get(session_id, include_closed=include_closed)
+            session = self.sessions.get(session_id, include_closed=include_closed, touch=touch)
         except RolloutError as exc:
             return _refusal(exc)
         current = have is not None and not session.closed and tuple(have) == view_of(session)
@@ -126,11 +134,16 @@ class SessionTable:
         session = self.sessions.peek(session_id)
         return None if session is None else to_record(session)
 
-    def commit(self, session_id: str, change: dict[str, Any], incarnation: str) -> Answer:
-        """Compare-and-set: lands only if the session is still ``incarnation`` at ``change["base"]``.
-        Otherwise (a racing replica committed first, a reset, a close or expiry, the id reused by a
-        new session) nothing changes and the caller gets the session as it is, to check its request
-        again."""
+    def commit(
+        self, session_id: str, change: dict[str, Any], incarnation: str, seeds_base: Any = None
+    ) -> Answer:
+        """Compare-and-set: lands only if the session is still ``incarnation`` at ``change["base"]``
+        and, for a change that sets the seed sequence (a reset), still has the sequence the writer
+        read (``seeds_base``, its generator's state): a fork on another replica draws from the
+        sequence without moving the counters, and a reset drawn before that fork must not put back
+        the state the fork drew from. Otherwise (a racing replica committed first, a reset, a fork's
+        draw, a close or expiry, the id reused by a new session) nothing changes and the caller gets
+        the session as it is, to check its request again."""
         try:
             session = self.sessions.get(session_id)
         except RolloutError as exc:
@@ -139,7 +152,8 @@ class SessionTable:
                 return _refusal(exc)
             self.conflicts += 1
             return ("conflict", to_record(session))
-        if view_of(session) != (incarnation, *change["base"]):
+        moved = change["seeds"] is not None and session.seeds.bit_generator.state != seeds_base
+        if moved or view_of(session) != (incarnation, *change["base"]):
             self.conflicts += 1
             return ("conflict", to_record(session))
         apply_commit(session, Commit(**change))

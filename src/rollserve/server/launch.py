@@ -215,18 +215,29 @@ def action_names_of(text: str) -> list[str]:
     return names
 
 
-def _world_policy(spec: str | None, served: Any) -> Any:
-    """The policy a world acts with (``--world-policy``), or None."""
+def world_policy_spec(spec: str | None, serves_policy: bool) -> str | None:
+    """The policy spec ``--world-policy`` names (``reference``: the shipped one), or None for none and
+    for ``served`` (the served policy itself), which needs ``--policy``. A Serve deployment checks
+    ``--world-policy`` with it before its replicas start."""
     if not spec:
         return None
     if spec == "served":
-        if served is None:
+        if not serves_policy:
             raise ValueError("--world-policy served needs --policy SPEC")
-        return served.policy
-    from rollserve.models.loading import load_policy
+        return None
     from rollserve.models.world_action import REFERENCE_POLICY
 
-    return load_policy(REFERENCE_POLICY if spec == "reference" else spec)
+    return REFERENCE_POLICY if spec == "reference" else spec
+
+
+def _world_policy(spec: str | None, served: Any) -> Any:
+    """The policy a world acts with (``--world-policy``), or None."""
+    policy_spec = world_policy_spec(spec, served is not None)
+    if policy_spec is None:
+        return served.policy if spec == "served" else None
+    from rollserve.models.loading import load_policy
+
+    return load_policy(policy_spec)
 
 
 def _load_rollout(

@@ -69,7 +69,7 @@ from rollserve.server.rollout.store import (
     SessionStore,
     StepRecord,
     closed_error,
-    fork_draw,
+    new_session_id,
 )
 from rollserve.wire.images import check_image, encode_image, image_to_json
 
@@ -307,33 +307,29 @@ class RolloutService:
             if source.closed:
                 raise closed_error(source)
             try:
-                fork, draws = await self._insert_fork(source, req.session_id)
+                fork = await self._insert_fork(source, req.session_id)
             except RolloutError as exc:  # the id is taken: by this fork, made on another replica?
                 if exc.code != "session_exists" or not (
                     made := await self._fork_made(req.session_id, session_id)
                 ):
                     raise
                 return self._created(made, raw_tensors)
-            source.seeds = draws  # only now: a refused fork leaves the source's next reset as it was
             answer = self._created(fork, raw_tensors)  # before an await lets a close free the fork
         await self._count_sessions()
         return answer
 
-    async def _insert_fork(
-        self, source: RolloutSession, session_id: str | None
-    ) -> tuple[RolloutSession, np.random.Generator]:
-        """The fork, inserted, and the source's seed sequence after the fork's draw: drawn from a
-        copy, which the caller keeps only once the fork exists."""
-        seeds, draws = fork_draw(source.seeds)
+    async def _insert_fork(self, source: RolloutSession, session_id: str | None) -> RolloutSession:
+        """The fork, inserted: the store reserves its id and draws its seed sequence from the
+        source's as the fork lands (``fork_draw``), once, wherever the committed state lives."""
         fork = RolloutSession(
-            session_id=await self.store.claim(session_id),
+            session_id=session_id or new_session_id(),
             model=source.model,
             mode=source.mode,
             created_at=time.time(),
             state=source.state,
             root=source.root,
             observation=source.observation,
-            seeds=seeds,
+            seeds=None,  # type: ignore[arg-type]  # the store's draw
             committed_step_id=source.committed_step_id,
             context_length=source.context_length,
             last=source.last,
@@ -342,7 +338,7 @@ class RolloutService:
             jpeg_quality=source.jpeg_quality,
             frames=source.frames,
         )
-        return await self.store.insert(fork), draws
+        return await self.store.insert(fork)
 
     async def reset_session(
         self, session_id: str, req: ResetSessionRequest | None = None, *, raw_tensors: bool = False
@@ -351,29 +347,43 @@ class RolloutService:
         req = req or ResetSessionRequest()
         session = await self.store.open(session_id)
         async with session.lock:
-            if session.closed:
-                raise closed_error(session)
-            # drawn from a copy: a failed reset leaves even the seed sequence as it was
-            seeds = np.random.default_rng(req.seed) if req.seed is not None else copy.deepcopy(session.seeds)
-            seed = req.seed if req.seed is not None else int(seeds.integers(2**31))
-            start = np.asarray(req.state, dtype=np.float32) if req.state is not None else None
-            init = WorldInit(seed=seed, state=start, render=session.render)
-            out, obs, frames = await self._initial(init, session)
-            while True:  # when another replica moved the session meanwhile, the reset still wins
-                base = (session.epoch, session.committed_step_id)
-                change = Commit(
-                    base, out.state, obs, -1, 0, None, base[0] + 1, root=out.state, seeds=seeds, frames=frames
-                )
-                if await self.store.commit(session, change):
-                    break
+            while True:  # again when a fork on another replica drew from the seed sequence meanwhile
                 if session.closed:
                     raise closed_error(session)
+                drawn_from = None if req.seed is not None else session.seeds.bit_generator.state
+                # drawn from a copy: a failed reset leaves even the seed sequence as it was
+                seeds = (
+                    np.random.default_rng(req.seed) if req.seed is not None else copy.deepcopy(session.seeds)
+                )
+                seed = req.seed if req.seed is not None else int(seeds.integers(2**31))
+                start = np.asarray(req.state, dtype=np.float32) if req.state is not None else None
+                init = WorldInit(seed=seed, state=start, render=session.render)
+                out, obs, frames = await self._initial(init, session)
+                episode = Commit(
+                    (0, -1), out.state, obs, -1, 0, None, 0, root=out.state, seeds=seeds, frames=frames
+                )
+                if await self._commit_reset(session, episode, drawn_from):
+                    break
         return ResetSessionResponse(
             session_id=session_id,
             committed_step_id=-1,
             context_length=0,
             observation=_observation(obs, frames, session.jpeg_quality, raw_tensors),
         )
+
+    async def _commit_reset(self, session: RolloutSession, episode: Commit, drawn_from: Any) -> bool:
+        """Commit the reset ``episode`` over whatever another replica committed meanwhile (the reset
+        wins); False, committing nothing, when its seed was drawn from a sequence (``drawn_from``,
+        None for a seeded reset) that a fork on another replica has drawn from since: it must draw
+        again, as one process would draw it after that fork."""
+        while True:
+            if session.closed:
+                raise closed_error(session)
+            if drawn_from is not None and session.seeds.bit_generator.state != drawn_from:
+                return False
+            base = (session.epoch, session.committed_step_id)
+            if await self.store.commit(session, replace(episode, base=base, epoch=base[0] + 1)):
+                return True
 
     async def close_session(self, session_id: str) -> CloseSessionResponse:
         """Release everything the session holds; closing again is a no-op. Waits for an in-flight step."""
@@ -384,7 +394,9 @@ class RolloutService:
         return CloseSessionResponse(session_id=session_id, committed_step_id=session.committed_step_id)
 
     async def get_status(self, session_id: str) -> SessionStatusResponse:
-        session = await self.store.open(session_id, include_closed=True)
+        """The session's counters. Reading them is not use: a monitoring poll must not keep an
+        abandoned session alive (holding capacity), so its idle clock is left where it was."""
+        session = await self.store.open(session_id, include_closed=True, touch=False)
         return SessionStatusResponse(
             session_id=session_id,
             committed_step_id=session.committed_step_id,

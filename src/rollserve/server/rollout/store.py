@@ -136,11 +136,18 @@ class SessionStore(Protocol):
 
     async def claim(self, session_id: str | None) -> str: ...
     async def insert(self, session: RolloutSession) -> RolloutSession: ...
-    async def open(self, session_id: str, *, include_closed: bool = False) -> RolloutSession: ...
+    async def open(
+        self, session_id: str, *, include_closed: bool = False, touch: bool = True
+    ) -> RolloutSession: ...
     async def find(self, session_id: str) -> RolloutSession | None: ...
     async def commit(self, session: RolloutSession, change: Commit) -> bool: ...
     async def retire(self, session_id: str) -> RolloutSession: ...
     async def count(self) -> int: ...
+
+
+def new_session_id() -> str:
+    """A server-made session id (a client may choose its own)."""
+    return uuid.uuid4().hex
 
 
 def fork_draw(source_seeds: np.random.Generator) -> tuple[np.random.Generator, np.random.Generator]:
@@ -192,7 +199,7 @@ class RolloutStore:
         return len(self._open)
 
     def new_id(self) -> str:
-        return uuid.uuid4().hex
+        return new_session_id()
 
     def reserve(self, session_id: str | None) -> str:
         """An id that is free right now, or ``session_exists`` (with the committed step of the session,
@@ -219,15 +226,17 @@ class RolloutStore:
         """The session, open or closed, without touching it or raising."""
         return self._open.get(session_id) or self._tombstones.get(session_id)
 
-    def get(self, session_id: str, *, include_closed: bool = False) -> RolloutSession:
-        """An open session (touched), or a tombstone when ``include_closed``; raises otherwise."""
+    def get(self, session_id: str, *, include_closed: bool = False, touch: bool = True) -> RolloutSession:
+        """An open session (touched, unless ``touch`` is False: a read that is not use), or a
+        tombstone when ``include_closed``; raises otherwise."""
         self.sweep()
         session = self._open.get(session_id)
         if session is not None and self._expired(session):
             self._retire(session, "expired")
             session = None
         if session is not None:
-            session.last_used = self._clock()
+            if touch:
+                session.last_used = self._clock()
             return session
         tomb = self._tombstones.get(session_id)
         if tomb is None:
@@ -268,10 +277,17 @@ class RolloutStore:
         return self.reserve(session_id)
 
     async def insert(self, session: RolloutSession) -> RolloutSession:
-        return self.add(session)
+        """Add ``session``; a fork's seed sequence is drawn from its open source's as it lands."""
+        source = None if session.forked_from is None else self.get(session.forked_from)
+        self.add(session)
+        if source is not None:
+            session.seeds, source.seeds = fork_draw(source.seeds)
+        return session
 
-    async def open(self, session_id: str, *, include_closed: bool = False) -> RolloutSession:
-        return self.get(session_id, include_closed=include_closed)
+    async def open(
+        self, session_id: str, *, include_closed: bool = False, touch: bool = True
+    ) -> RolloutSession:
+        return self.get(session_id, include_closed=include_closed, touch=touch)
 
     async def find(self, session_id: str) -> RolloutSession | None:
         return self.peek(session_id)
