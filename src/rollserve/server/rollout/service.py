@@ -74,6 +74,8 @@ from rollserve.server.rollout.store import (
 from rollserve.wire.images import check_image, encode_image, image_to_json
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rollserve.server.settings import ServerSettings
 
 __all__ = ["RolloutError", "RolloutService", "fold_action_into_observation"]
@@ -191,6 +193,13 @@ class _Planned:
     started: float
     base: tuple[int, int]  # (epoch, committed_step_id) the step was checked against
     context_length: int
+
+
+def _reset_commit(
+    state: Any, observation: Any, seeds: np.random.Generator, frames: Any, base: tuple[int, int]
+) -> Commit:
+    """A reset's commit over ``base`` (what is committed when it lands): a new epoch at step -1."""
+    return Commit(base, state, observation, -1, 0, None, base[0] + 1, root=state, seeds=seeds, frames=frames)
 
 
 class RolloutService:
@@ -359,9 +368,7 @@ class RolloutService:
                 start = np.asarray(req.state, dtype=np.float32) if req.state is not None else None
                 init = WorldInit(seed=seed, state=start, render=session.render)
                 out, obs, frames = await self._initial(init, session)
-                episode = Commit(
-                    (0, -1), out.state, obs, -1, 0, None, 0, root=out.state, seeds=seeds, frames=frames
-                )
+                episode = partial(_reset_commit, out.state, obs, seeds, frames)
                 if await self._commit_reset(session, episode, drawn_from):
                     break
         return ResetSessionResponse(
@@ -371,18 +378,20 @@ class RolloutService:
             observation=_observation(obs, frames, session.jpeg_quality, raw_tensors),
         )
 
-    async def _commit_reset(self, session: RolloutSession, episode: Commit, drawn_from: Any) -> bool:
-        """Commit the reset ``episode`` over whatever another replica committed meanwhile (the reset
-        wins); False, committing nothing, when its seed was drawn from a sequence (``drawn_from``,
-        None for a seeded reset) that a fork on another replica has drawn from since: it must draw
-        again, as one process would draw it after that fork."""
+    async def _commit_reset(
+        self, session: RolloutSession, episode: Callable[[tuple[int, int]], Commit], drawn_from: Any
+    ) -> bool:
+        """Commit the reset ``episode`` (made over the base it lands on) over whatever another
+        replica committed meanwhile (the reset wins); False, committing nothing, when its seed was
+        drawn from a sequence (``drawn_from``, None for a seeded reset) that a fork on another
+        replica has drawn from since: it must draw again, as one process would after that fork."""
         while True:
             if session.closed:
                 raise closed_error(session)
             if drawn_from is not None and session.seeds.bit_generator.state != drawn_from:
                 return False
             base = (session.epoch, session.committed_step_id)
-            if await self.store.commit(session, replace(episode, base=base, epoch=base[0] + 1)):
+            if await self.store.commit(session, episode(base)):
                 return True
 
     async def close_session(self, session_id: str) -> CloseSessionResponse:
