@@ -5,11 +5,18 @@ No torch and no server stack here: a robot computer installs ``rollserve`` witho
 
 from rollserve.client.inference_loop import EngineConfig, InferenceEngine
 from rollserve.client.local_engine import LocalInferenceEngine
-from rollserve.client.policy_client import PolicyClient, PolicyConnectionError, ServerError, SessionRejected
+from rollserve.client.policy_client import (
+    FrameTooLarge,
+    PolicyClient,
+    PolicyConnectionError,
+    ServerError,
+    SessionRejected,
+)
 from rollserve.client.remote_engine import RemoteInferenceEngine
 
 __all__ = [
     "EngineConfig",
+    "FrameTooLarge",
     "InferenceEngine",
     "LocalInferenceEngine",
     "PolicyClient",

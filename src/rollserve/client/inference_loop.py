@@ -22,6 +22,7 @@ from rollserve.client.policy_client import REOPEN_CODES
 from rollserve.rtc.config import RTCConfig
 from rollserve.rtc.latency import LatencyTracker
 from rollserve.rtc.queue import ActionQueue
+from rollserve.wire.errors import FRAME_TOO_LARGE
 from rollserve.wire.messages import ActionChunkMsg, MsgHeader, ObservationMsg
 
 logger = logging.getLogger(__name__)
@@ -154,27 +155,31 @@ class InferenceEngine:
         self._close_on_exit = False  # stop() timed out: the thread closes the source when it is done
         self.last_error: BaseException | None = None  # the last exception the background loop caught
         self._failing = False  # the loop's latest request or reconnect failed and none succeeded since
+        self._backoff = self.config.backoff_initial_s  # the next wait; back to initial only on an answer
+        self._source_open = False  # connect() succeeded and stop() has not closed the source since
 
     # -- lifecycle --------------------------------------------------------------------------------
     def connect(self) -> SourceInfo:
         """Open the source (for a remote one: connect and open the session)."""
         self._adopt(self.source.connect())
+        self._source_open = True
         assert self.info is not None
         return self.info
 
     def start(self) -> InferenceEngine:
-        """Connect if needed and run the loop in a background thread (one at most).
+        """Connect unless connected (a restart after :meth:`stop` connects again) and run the loop in
+        a background thread (one at most). Raises if connecting or opening the session fails.
 
         Raises ``RuntimeError`` while the thread of an earlier :meth:`stop` that timed out is still
         inside its request: a second loop would share the (not thread-safe) source with it.
         """
-        if self.info is None:
-            self.connect()
         with self._lifecycle_lock:
             if self._running:
                 if not self._stop.is_set():
                     return self  # already running
                 raise RuntimeError("the stopped inference thread is still finishing a request; retry later")
+            if not self._source_open:
+                self.connect()
             self._stop.clear()
             self._close_on_exit = False
             self._running = True
@@ -186,6 +191,7 @@ class InferenceEngine:
         """Stop the loop and close the source. If the thread is still inside a request after
         ``timeout``, it keeps the source until that request returns and closes it then."""
         self._stop.set()
+        self._source_open = False  # closed below, or by the thread when its request returns
         with self._cond:
             self._cond.notify_all()
         thread = self._thread
@@ -202,7 +208,7 @@ class InferenceEngine:
         self.source.close()
 
     def __enter__(self) -> InferenceEngine:
-        if self.info is None:
+        if not self._source_open:
             self.connect()
         return self
 
@@ -309,10 +315,9 @@ class InferenceEngine:
             if observation is None:
                 raise ValueError("no observation yet")
             with self._state_lock:
-                reset, self._reset_pending = self._reset_pending, False
-                episode_id = self._episode_id
+                reset, episode_id = self._reset_pending, self._episode_id
             if reset:
-                self.source.reset(episode_id)
+                self._reset_source(episode_id)
             index_before, prefix_model, prefix_robot = self._index_and_prefixes()
             self._seq += 1
             request = ChunkRequest(
@@ -323,6 +328,15 @@ class InferenceEngine:
             reply = self.source.infer(request)
             self.latency.record(time.perf_counter() - started)
             return self._merge(request, reply, index_before, delay)
+
+    def _reset_source(self, episode_id: int) -> None:
+        """Reset the source for ``episode_id``. The pending flag is cleared only once the reset landed
+        (and no later ``reset()`` asked for another): a failed one raises and is retried by the next
+        cycle, never skipped, so the new episode never runs on the old one's processors."""
+        self.source.reset(episode_id)
+        with self._state_lock:
+            if self._episode_id == episode_id:
+                self._reset_pending = False
 
     def _merge(
         self, request: ChunkRequest, reply: ActionChunkMsg, index_before: int, delay: int | None
@@ -365,7 +379,6 @@ class InferenceEngine:
                 self.source.close()
 
     def _loop(self) -> None:
-        backoff = self.config.backoff_initial_s
         while not self._stop.is_set():
             with self._cond:
                 if not self._wants_chunk():
@@ -374,39 +387,57 @@ class InferenceEngine:
                 observation, self._used_version = self._observation, self._obs_version
             try:
                 self.run_cycle(observation)
-                backoff = self.config.backoff_initial_s
+                self._backoff = self.config.backoff_initial_s
                 self._failing = False  # answered (a stale reply too): the source works again
-            except (ConnectionError, TimeoutError) as exc:
-                self._record_failure(exc)
-                logger.warning("policy source unavailable (%s); reconnecting", exc)
-                self._recover()
             except Exception as exc:
-                self._record_failure(exc)
-                if getattr(exc, "code", None) in REOPEN_CODES:
-                    logger.warning("session lost (%s); reopening", exc)
-                    self._recover()
-                else:
-                    # Possibly a bug in the caller's code (e.g. the observation): keep its traceback.
-                    logger.error("inference request failed; retrying in %.2fs", backoff, exc_info=exc)
-                    self._stop.wait(backoff)
-                    backoff = min(backoff * 2, self.config.backoff_max_s)
+                self._on_failure(exc)
+
+    def _on_failure(self, exc: Exception) -> None:
+        """Record a failed request, then back off and/or reconnect.
+
+        One backoff runs across cycles until a request is answered: a connection that opens and
+        then drops on its first request (e.g. a frame over the server's limit) is reconnected after
+        growing waits, not once per control tick. The first failure after an answer reconnects at once.
+        """
+        failing_already = self._failing
+        self._record_failure(exc)
+        code = getattr(exc, "code", None)
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            logger.warning("policy source unavailable (%s); reconnecting", exc)
+        elif code in REOPEN_CODES:
+            logger.warning("session lost (%s); reopening", exc)
+        elif code == FRAME_TOO_LARGE:
+            # The server closed the connection; only a smaller observation helps: no traceback.
+            logger.error("%s; reconnecting in %.2fs", exc, self._backoff)
+            failing_already = True
+        else:
+            # Possibly a bug in the caller's code (e.g. the observation): keep its traceback.
+            logger.error("inference request failed; retrying in %.2fs", self._backoff, exc_info=exc)
+            self._back_off()
+            return
+        if failing_already:
+            self._back_off()
+        self._recover()
+
+    def _back_off(self) -> None:
+        """Wait the current backoff (or until stopped), then double it up to ``backoff_max_s``."""
+        self._stop.wait(self._backoff)
+        self._backoff = min(self._backoff * 2, self.config.backoff_max_s)
 
     def _recover(self) -> None:
-        """Reconnect and reopen the session, with exponential backoff, until it works or we stop.
+        """Reconnect and reopen the session, backing off between attempts, until it works or we stop.
 
         A refusal is retried too: the server may free up, or be fixed, and the robot then resumes
         without a restart; meanwhile every failed attempt is visible (:meth:`_failed_attempt`).
         """
-        backoff = self.config.backoff_initial_s
         while not self._stop.is_set():
             try:
                 self._adopt(self.source.reconnect())
                 self.stats.reconnects += 1
                 return
             except Exception as exc:
-                self._failed_attempt(exc, backoff)
-            self._stop.wait(backoff)
-            backoff = min(backoff * 2, self.config.backoff_max_s)
+                self._failed_attempt(exc, self._backoff)
+            self._back_off()
 
     def _failed_attempt(self, exc: Exception, backoff: float) -> None:
         """Record a failed recovery in ``last_error`` and the error count. An unreachable server

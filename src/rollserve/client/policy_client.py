@@ -1,7 +1,8 @@
 """PolicyClient: a robot's synchronous connection to a rollserve policy server (session protocol).
 
 Light on purpose: numpy, msgpack and websockets only, so it runs on a robot's small computer.
-Typed server errors raise :class:`ServerError`; a lost connection raises
+Typed server errors raise :class:`ServerError`; a message over the server's frame limit raises
+:class:`FrameTooLarge` (a ``ServerError``: resending it cannot help); a lost connection raises
 :class:`PolicyConnectionError` (the engines reconnect on it).
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import socket
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -33,6 +35,7 @@ from rollserve.wire import (
     decode_message,
     encode_message,
 )
+from rollserve.wire.errors import FRAME_TOO_LARGE
 from rollserve.wire.messages import Message
 
 UNAVAILABLE_CODE = (
@@ -40,6 +43,19 @@ UNAVAILABLE_CODE = (
 )
 
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/policy/ws"
+MESSAGE_TOO_BIG = 1009  # the websocket close code of a server whose frame limit a message broke
+# The longest a close handshake may wait for the server (capped by the client's timeout): websockets'
+# default of 10 s made ``close()`` (and so an engine's ``stop()``) hang on a frozen server.
+MAX_CLOSE_WAIT_S = 1.0
+# What an HTTP refusal of the websocket handshake most likely means. Starlette answers 403 both to a
+# wrong key and to a path with no websocket route (a typo, or a server that serves only a world).
+_REFUSAL_HINTS = {
+    401: " (missing or wrong API key?)",
+    403: (
+        " (wrong or missing API key, or no policy websocket at this URL: check the path,"
+        " /v1/policy/ws, and that the server serves a policy)"
+    ),
+}
 # Server error codes after which the session must be reopened (see docs/protocol.md).
 REOPEN_CODES = frozenset({"unknown_session", "stale_epoch"})
 # Connect directly (websockets >= 17 asks for legacy=True) and ignore proxy variables (>= 15 honours them).
@@ -73,6 +89,17 @@ class PolicyConnectionError(ConnectionError):
     """No connection, or it broke; reconnecting may help."""
 
 
+class FrameTooLarge(ServerError):
+    """The server closed the connection (1009) on a message over its frame limit (``--max-frame-mb``).
+
+    A :class:`ServerError` (code ``frame_too_large``, not retryable), not a connection error: the
+    same message is refused on any connection, only a smaller one (or a larger limit) helps. The
+    connection is closed; call ``connect()`` again."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(FRAME_TOO_LARGE, message, None, retryable=False)
+
+
 class PolicyClient:
     """One websocket, at most one open session. Not thread-safe: use it from one thread."""
 
@@ -96,6 +123,8 @@ class PolicyClient:
         self.dropped_replies = 0
         self._ws: ClientConnection | None = None
         self._next_seq = 0
+        self._sent_bytes = 0  # size of the last message sent, for a frame-limit refusal's message
+        self._unresponsive = False  # the connection broke, or a wait timed out with nothing received since
 
     # -- connection -------------------------------------------------------------------------------
     def connect(self) -> PolicyClient:
@@ -105,11 +134,12 @@ class PolicyClient:
         try:
             self._ws = connect(
                 self.url, additional_headers=headers, open_timeout=self.open_timeout,
-                max_size=None, compression=None, **_CONNECT_EXTRAS,
+                close_timeout=min(self.timeout, MAX_CLOSE_WAIT_S), max_size=None, compression=None,
+                **_CONNECT_EXTRAS,
             )  # fmt: skip
         except websockets.exceptions.InvalidStatus as exc:
             status = exc.response.status_code
-            hint = " (missing or wrong API key?)" if status in (401, 403) else ""
+            hint = _REFUSAL_HINTS.get(status, "")
             raise PolicyConnectionError(f"{self.url} refused the connection: HTTP {status}{hint}") from None
         except (OSError, TimeoutError, websockets.exceptions.WebSocketException) as exc:
             raise PolicyConnectionError(f"cannot connect to {self.url}: {exc}") from exc
@@ -124,18 +154,28 @@ class PolicyClient:
         return self.ack.session_epoch if self.ack else 0
 
     def close(self) -> None:
-        """Close the session (best effort) and the connection."""
+        """Close the session (best effort) and the connection.
+
+        The close handshake waits at most ``min(timeout, 1 s)`` for the server. After a broken
+        connection or a reply timeout with nothing heard since, the socket is dropped without a
+        handshake: a server that did not answer would not answer the close either."""
         if self._ws is None:
             return
-        try:
-            if self.ack is not None:
-                self._send(CloseMsg(header=MsgHeader(session_epoch=self.session_epoch)))
-        except PolicyConnectionError:
-            pass
-        with contextlib.suppress(OSError, websockets.exceptions.WebSocketException):
-            self._ws.close()  # may already be broken: nothing left to close then
-        self._ws = None
+        ws, self._ws = self._ws, None
+        if self._unresponsive:
+            _drop(ws)
+        else:
+            self._close_gracefully(ws)
+        self._unresponsive = False
         self.ack = None
+
+    def _close_gracefully(self, ws: ClientConnection) -> None:
+        """Tell the server the session ends, then the close handshake (bounded by close_timeout)."""
+        if self.ack is not None:
+            with contextlib.suppress(OSError, websockets.exceptions.WebSocketException):
+                ws.send(encode_message(CloseMsg(header=MsgHeader(session_epoch=self.session_epoch))))
+        with contextlib.suppress(OSError, websockets.exceptions.WebSocketException):
+            ws.close()  # may already be broken: nothing left to close then
 
     def __enter__(self) -> PolicyClient:
         return self if self.connected else self.connect()
@@ -236,7 +276,8 @@ class PolicyClient:
         except TimeoutError:
             raise
         except (OSError, websockets.exceptions.WebSocketException) as exc:
-            raise PolicyConnectionError(f"connection to {self.url} lost: {exc}") from exc
+            raise self._lost(exc) from exc
+        self._unresponsive = False
         if isinstance(data, str):
             return _text_error(data)
         try:
@@ -253,10 +294,24 @@ class PolicyClient:
         if self._ws is None:
             raise PolicyConnectionError("not connected")
         data = encode_message(msg)
+        self._sent_bytes = len(data)
         try:
             self._ws.send(data)
         except (OSError, websockets.exceptions.WebSocketException) as exc:
-            raise PolicyConnectionError(f"connection to {self.url} lost: {exc}") from exc
+            raise self._lost(exc) from exc
+
+    def _lost(self, exc: BaseException) -> Exception:
+        """The error for a connection that broke: :class:`FrameTooLarge` if the server closed it on a
+        message over its frame limit (1009), else :class:`PolicyConnectionError`."""
+        self._unresponsive = True
+        close = getattr(exc, "rcvd", None)
+        if close is not None and close.code == MESSAGE_TOO_BIG:
+            return FrameTooLarge(
+                f"{self.url} refused a message of {self._sent_bytes} bytes as over its frame limit"
+                f" (--max-frame-mb) and closed the connection (1009: {close.reason or 'no reason given'});"
+                " send smaller observations (fewer or smaller images, jpeg_quality) or raise the limit"
+            )
+        return PolicyConnectionError(f"connection to {self.url} lost: {exc}")
 
     def _wait_for(self, wanted: Any, seq_id: int | None, timeout: float | None = None) -> Message:
         """Read until ``wanted(msg)``; an error for ``seq_id`` (or for no request) raises ServerError."""
@@ -264,8 +319,13 @@ class PolicyClient:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                self._unresponsive = True  # until the server is heard from again
                 raise TimeoutError(f"no reply from {self.url} within the timeout")
-            msg = self.receive(remaining)
+            try:
+                msg = self.receive(remaining)
+            except TimeoutError:
+                self._unresponsive = True
+                raise
             if wanted(msg):
                 return msg
             if isinstance(msg, ErrorMsg) and (msg.seq_id is None or msg.seq_id == seq_id):
@@ -273,9 +333,19 @@ class PolicyClient:
             self.dropped_replies += 1  # a late reply to an older request
 
 
+def _drop(ws: ClientConnection) -> None:
+    """Close a connection without the close handshake: shutting the socket down ends websockets'
+    reader thread at once, so ``close()`` has nothing left to wait for."""
+    with contextlib.suppress(OSError):
+        ws.socket.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError, websockets.exceptions.WebSocketException):
+        ws.close()
+
+
 def _text_error(text: str) -> ErrorMsg:
-    """A text frame: the server refuses a connection it will not serve (``unavailable``: at its
-    connection limit, then close 1013) as ``"<code>: <message>"``; anything else is malformed."""
+    """A text frame: older servers refused a connection at their limit (``unavailable``, then close
+    1013) as ``"<code>: <message>"`` (today's send the binary error message); anything else is
+    malformed."""
     code, sep, message = text.partition(": ")
     if sep and code == UNAVAILABLE_CODE:
         return ErrorMsg(code=code, message=message[:500], retryable=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 
 from rollserve.client.inference_loop import ChunkRequest, EngineConfig, InferenceEngine, SourceInfo
@@ -27,6 +28,8 @@ class RemoteChunkSource:
         jpeg_quality: int = 0,
         timeout: float = 30.0,
     ) -> None:
+        if jpeg_quality > 0:
+            _require_jpeg(jpeg_quality)
         self.client = PolicyClient(url, api_key=api_key, timeout=timeout)
         self._open_fields = {
             "robot_type": robot_type, "action_names": tuple(action_names),
@@ -63,6 +66,18 @@ class RemoteChunkSource:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _require_jpeg(quality: int) -> None:
+    """Refuse JPEG without its encoder up front: otherwise the engine starts, and every request of
+    its background thread fails while the robot starves."""
+    try:
+        importlib.import_module("simplejpeg")
+    except ImportError as exc:
+        raise ImportError(
+            f"jpeg_quality={quality} needs simplejpeg, which is not installed: pip install 'rollserve[jpeg]'"
+            " (or use jpeg_quality=0 to send raw images)"
+        ) from exc
 
 
 class RemoteInferenceEngine(InferenceEngine):
