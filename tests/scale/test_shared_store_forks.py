@@ -27,6 +27,7 @@ import rollserve.server.rollout.service as service_module
 import rollserve.server.rollout.store as store_module
 from rollserve.scale.store import SharedRolloutStore
 from rollserve.scale.table import SessionTable, change_of, to_record
+from rollserve.server.rollout.protocol import ResetSessionRequest
 from rollserve.server.rollout.service import RolloutService
 from rollserve.server.rollout.store import Commit, RolloutSession
 from rollserve.server.settings import ServerSettings
@@ -161,6 +162,23 @@ async def test_a_reset_racing_a_fork_on_another_replica_draws_after_the_fork(pai
     await b.reset_session(forks[0].session_id)
     await b.reset_session(second.session_id)
     assert [call[0].seed for call in worlds[1].init_calls[-2:]] == [want_first, want_second]
+
+
+async def test_a_seeded_reset_racing_a_fork_wins_with_one_world_start(pair) -> None:
+    """A seeded reset draws nothing from the sequence, so a fork's draw meanwhile does not make it
+    start its episode again: it lands over the fork, as in one process."""
+    a, b, _, worlds = pair
+    sid = await new_session(a, seed=4)
+    forks = []
+
+    async def b_forks() -> None:
+        forks.append(await b.fork_session(sid))
+
+    a.store._call.hooks["commit"] = b_forks
+    starts = len(worlds[0].init_calls)
+    await a.reset_session(sid, ResetSessionRequest(seed=77))
+    assert len(forks) == 1  # the hook ran: the race happened
+    assert [call[0].seed for call in worlds[0].init_calls[starts:]] == [77]
 
 
 def _count_fork_draws(monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -1,4 +1,4 @@
-"""Review s10 item 4: a ``GET status`` is not use, so it does not restart a session's idle clock.
+"""A ``GET status`` is not use, so it does not restart a session's idle clock; a reset is.
 
 A monitoring poll used to keep an abandoned session open forever (and its capacity held): every
 status read touched the session. Over the real server, with the service's clock replaced: the TTL
@@ -103,3 +103,13 @@ def test_a_step_still_restarts_the_idle_clock() -> None:
         clock.now += TTL / 2 + 1  # idle TTL / 2 + 1 since the step
         assert status(http, "used")["closed"] is False
         assert step(http, "used", 1)["error"] is None
+
+
+def test_a_reset_is_use_and_restarts_the_idle_clock() -> None:
+    clock = Clock()
+    with server(clock) as http:
+        assert create(http, "r").status_code == 200
+        clock.now += TTL * 0.9
+        assert http.post(f"{SESSIONS}/r/reset", json={}).status_code == 200
+        clock.now += TTL * 0.9  # 1.8 TTL since the create, 0.9 since the reset: still open
+        assert step(http, "r", 0)["error"] is None

@@ -232,6 +232,9 @@ class BatchStepItem(RolloutStepRequest):
 
 class BatchStepRequest(BaseModel):
     items: list[BatchStepItem] = Field(min_length=1)
+    # Items refused on their own (index -> message), each answered ``invalid_request`` while the
+    # others step; their place in ``items`` holds a stand-in with their session_id and step_id.
+    _refused: dict[int, str] | None = PrivateAttr(default=None)
 
 
 class BatchStepResult(RolloutStepResponse):

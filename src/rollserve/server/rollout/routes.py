@@ -35,16 +35,20 @@ from rollserve.server.offload import JPEG_TAG, OFFLOAD_BYTES
 from rollserve.server.penalty import RefusalPenalty, http_streak
 from rollserve.server.rollout.batch_peek import declared_items
 from rollserve.server.rollout.protocol import (
+    Action,
+    BatchStepItem,
     BatchStepRequest,
     BatchStepResponse,
     BatchStepResult,
     CreateSessionRequest,
     ErrorObject,
     ForkSessionRequest,
+    Observation,
     ResetSessionRequest,
     RolloutStepRequest,
     RolloutStepResponse,
     SessionMetadata,
+    built,
 )
 from rollserve.server.rollout.status_codes import MODE_HEADER, error_body, resolve_mode, status_for
 from rollserve.server.rollout.store import RolloutError
@@ -101,7 +105,7 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
                 items = parsed.get("items")
                 if isinstance(items, list):
                     _refuse_long_batch(items, service.max_batch_items)
-            request = body_model.model_validate(parsed, context={"limits": limits})
+            request = _validated(body_model, parsed, limits)
             for step in _steps(request):
                 service.fingerprint(step)
         except (ValidationError, RolloutError) as exc:
@@ -276,6 +280,52 @@ def _refuse_long_batch(items: list[Any] | bytes, most: int) -> None:
     count = len(items) if isinstance(items, list) else declared_items(items)
     if count is not None and count > most:
         raise RolloutError("invalid_request", f"batch_step takes at most {most} items")
+
+
+def _validated(body_model: type[Body], parsed: dict[str, Any], limits: WireLimits) -> Body:
+    """The validated body. A batch that fails validation is validated again item by item, so that
+    a bad item fails alone; only then, since one pass over the whole body is cheaper."""
+    context = {"limits": limits}
+    try:
+        return body_model.model_validate(parsed, context=context)
+    except ValidationError:
+        if body_model is not BatchStepRequest or (batch := _item_by_item(parsed, context)) is None:
+            raise
+        return batch  # type: ignore[return-value]
+
+
+def _item_by_item(parsed: dict[str, Any], context: dict[str, Any]) -> BatchStepRequest | None:
+    """The batch with each invalid item refused on its own (``_refused``), or None when the body
+    itself is wrong: no list of items, or an item without a string ``session_id`` to answer for."""
+    items = parsed.get("items")
+    if not isinstance(items, list) or not items:
+        return None
+    checked: list[BatchStepItem] = []
+    refused: dict[int, str] = {}
+    for i, raw in enumerate(items):
+        try:
+            checked.append(BatchStepItem.model_validate(raw, context=context))
+        except ValidationError as exc:
+            session_id = raw.get("session_id") if isinstance(raw, dict) else None
+            if not isinstance(session_id, str):
+                return None
+            checked.append(_stand_in(session_id, raw.get("step_id")))
+            refused[i] = _validation_message(exc)
+    return built(BatchStepRequest, {"items": checked}, {"_refused": refused})
+
+
+def _stand_in(session_id: str, step_id: Any) -> BatchStepItem:
+    """A refused item's place in the batch: its session, and its step_id (-1 when that is invalid)."""
+    if type(step_id) is not int or not 0 <= step_id < 2**63:
+        step_id = -1
+    fields = {
+        "step_id": step_id,
+        "observation": Observation(),
+        "action": Action(),
+        "use_session_context": True,
+        "session_id": session_id,
+    }
+    return built(BatchStepItem, fields, {"_fingerprint": None})
 
 
 class _Refused(Exception):

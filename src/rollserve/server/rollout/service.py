@@ -444,8 +444,10 @@ class RolloutService:
         sessions: dict[int, RolloutSession] = {}
         seen: set[str] = set()
         repeated: list[int] = []
+        refused = req._refused or {}  # items that failed validation alone (the routes' stand-ins)
         for i, item in enumerate(items):
-            if item.session_id in seen:
+            if item.session_id in seen or i in refused:
+                seen.add(item.session_id)  # a refused item still takes its session's one place
                 repeated.append(i)
                 continue
             seen.add(item.session_id)
@@ -475,7 +477,7 @@ class RolloutService:
             for lock in reversed(held):
                 lock.release()
         for i in repeated:  # answered last, so they report the session as this batch left it
-            message = "a session may appear only once per batch_step"
+            message = refused.get(i, "a session may appear only once per batch_step")
             answers[i] = await self.refused_step(
                 items[i].session_id, items[i].step_id, "invalid_request", message
             )
@@ -600,6 +602,8 @@ class RolloutService:
             message = "the world engine is shut down"
             return self._refused(req.step_id, "engine_unavailable", message, committed, context)
         except Exception as exc:
+            if _start_refused(plan.call, outcome):  # the client's start state: its fault, as on reset
+                return self._refused(req.step_id, "invalid_request", _short(exc), committed, context)
             logger.warning("step %s of session %s failed", req.step_id, session.session_id, exc_info=exc)
             message = f"world step failed: {type(exc).__name__}: {_short(exc)}"
             return self._refused(req.step_id, "inference_error", message, committed, context)
@@ -833,6 +837,14 @@ def _start_from(inputs: dict[str, Any]) -> WorldInit | None:
         raise ValueError("observation.extra.seed must be an integer in [0, 2**63)")
     start = None if state is None else np.asarray(state, dtype=np.float32)  # flat and checked when folded
     return WorldInit(seed=seed, state=start)
+
+
+def _start_refused(call: WorldCall, outcome: Any) -> bool:
+    """Whether the world answered a step from a client-chosen start state with ``ValueError``: it
+    refused that state (``sim`` and ``video`` start from seeds only), which ``_initial`` reports as
+    ``invalid_request`` on a reset, so a fresh-context step must too. Failures while reading a
+    world's answer (``outcome`` then is no exception) stay the world's."""
+    return isinstance(outcome, ValueError) and call.init is not None and call.init.state is not None
 
 
 def _create_print(req: CreateSessionRequest) -> str:
