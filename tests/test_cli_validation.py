@@ -6,6 +6,7 @@ refused only after the work (or never) shows up as a failure here, fast.
 
 from __future__ import annotations
 
+import importlib.abc
 import re
 import subprocess
 import sys
@@ -420,3 +421,142 @@ def test_sim_evaluate_refuses_zero_episodes(capsys: pytest.CaptureFixture[str], 
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "Traceback" not in err
     assert "argument --episodes:" in err and "must be >= 1" in err, err
+
+
+# -- serve: a chosen world's optional dependencies ---------------------------------------------------
+
+
+class _NotInstalled(importlib.abc.MetaPathFinder):
+    """Makes ``names`` (and their submodules) unimportable, as on an install without their extra."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
+        if fullname.split(".")[0] in self.names:
+            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+
+
+SIM_EXTRA = ("mujoco", "gymnasium_robotics", "matplotlib")  # what `rollserve[server]` lacks
+
+
+@pytest.fixture
+def server_extra_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The documented GPU-server install, ``pip install "rollserve[server]"``: no simulator. Modules
+    that imported it already are dropped too, so a world built now imports it afresh."""
+    for name in list(sys.modules):
+        if name.split(".")[0] in SIM_EXTRA or name in ("rollserve.sim.env", "rollserve.models.sim_world"):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [_NotInstalled(SIM_EXTRA), *sys.meta_path])
+
+
+@pytest.mark.parametrize("world", [[], ["--world", "sim"], ["--world", "video"]])
+def test_serve_names_the_extra_a_world_needs_before_serving(
+    world: list[str], capsys: pytest.CaptureFixture, no_long_work: None, server_extra_only: None
+) -> None:
+    """Plain ``serve`` (the sim world) and ``--world video`` (its start frames are rendered by the
+    simulator) need the [sim] extra: refused before the socket opens, not a traceback or a 500 on
+    every create."""
+    err = assert_usage_error(["serve", *world], capsys, "needs mujoco", 'pip install "rollserve[sim]"')
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_serve_learned_world_needs_no_simulator(no_long_work: None, server_extra_only: None) -> None:
+    with pytest.raises(pytest.fail.Exception, match="serve ran"):
+        cli_main(["serve", "--world", "learned"])
+
+
+def test_a_missing_module_while_building_a_world_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, server_extra_only: None
+) -> None:
+    """Past the up-front check (here: switched off), a built-in world's import failure still ends
+    as a one-line error naming the module, never a traceback."""
+    from rollserve.models import worlds
+
+    monkeypatch.setattr(worlds, "WORLD_MODULES", {})
+    err = assert_usage_error(["serve", "--port", "0", "--world", "sim"], capsys, "needs the module 'mujoco'")
+    assert 'pip install "rollserve[all]"' in err
+
+
+# -- serve: flags that other flags would make ignored or fail late ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--replicas", "3"), ("--replica-cpus", "2"), ("--replica-gpus", "1"), ("--ray-address", "auto")],
+)
+def test_serve_ray_flags_need_ray(
+    flag: str, value: str, capsys: pytest.CaptureFixture, no_long_work: None
+) -> None:
+    argv = ["serve", "--world", "toy", flag, value]
+    assert_usage_error(argv, capsys, f"argument {flag}:", "only with --ray")
+
+
+def test_serve_one_replica_without_ray_is_still_fine(no_long_work: None) -> None:
+    with pytest.raises(pytest.fail.Exception, match="serve ran"):
+        cli_main(["serve", "--world", "toy", "--replicas", "1"])
+
+
+def test_serve_world_policy_needs_a_world(capsys: pytest.CaptureFixture, no_long_work: None) -> None:
+    policy = "rollserve.models.simple_policies:chunk_policy"
+    argv = ["serve", "--policy", policy, "--world-policy", "reference"]
+    assert_usage_error(argv, capsys, "argument --world-policy:", "needs --world")
+
+
+def test_serve_world_policy_with_the_default_world_is_fine(no_long_work: None) -> None:
+    """No --policy and no --world serves both built-ins, so --world-policy has its world."""
+    with pytest.raises(pytest.fail.Exception, match="serve ran"):
+        cli_main(["serve", "--world-policy", "served"])
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        [],  # the built-in policy, served by default
+        ["--policy", "rollserve.models.checkpoint:load_default"],
+        ["--policy", "rollserve.models.checkpoint:load_flow_policy", "--policy-arg", "path=x"],
+    ],
+)
+def test_serve_action_names_clash_with_a_checkpoint_that_names_its_actions(
+    policy: list[str], capsys: pytest.CaptureFixture, no_long_work: None
+) -> None:
+    argv = ["serve", *policy, "--action-names", "a,b,c"]
+    assert_usage_error(argv, capsys, "argument --action-names:", "names its actions from its checkpoint")
+
+
+# -- train: --help matches the docs (train policy / train world [--video]) ---------------------------
+
+
+def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main([*argv, "--help"])
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("video", [[], ["--video"]])
+def test_train_world_help_lists_video(video: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    out = _help(["train", "world", *video], capsys)
+    assert re.search(r"^  --video\s+train the video world model", out, re.MULTILINE), out
+
+
+def test_train_help_lists_only_the_documented_jobs(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _help(["train"], capsys)
+    assert "{policy,world}" in out and "video" not in out, out
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["--policy", "rollserve.models.simple_policies:chunk_policy", "--world-arg", "path=x"],
+            "needs --world",
+        ),
+        (["--world", "learned", "--world-arg", "path=x", "--ray"], "not with --ray"),
+        (["--world", "learned", "--world-arg", "=x"], "must look like KEY=VALUE"),
+    ],
+)
+def test_serve_world_arg_needs_a_world_and_no_ray(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture, no_long_work: None
+) -> None:
+    assert_usage_error(["serve", *argv], capsys, "--world-arg", expected)

@@ -7,7 +7,9 @@ cheap enough for tests and benchmarks of the serving layer itself.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -100,39 +102,78 @@ def _sim_world() -> WorldModel:
     return SimWorld()
 
 
-def _learned_world() -> WorldModel:
+def _learned_world(path: str | None = None) -> WorldModel:
     from rollserve.models.learned_world import load_default
 
-    return load_default()
+    return load_default(path)
 
 
-def _video_world() -> WorldModel:
+def _video_world(path: str | None = None) -> WorldModel:
     from rollserve.models.video_world import load_default as load_video
 
-    return load_video()
+    return load_video(path)
 
 
-BUILT_IN_WORLDS: dict[str, Callable[[], WorldModel]] = {
+BUILT_IN_WORLDS: dict[str, Callable[..., WorldModel]] = {
     "toy": ToyWorld,
     "sim": _sim_world,
     "learned": _learned_world,
     "video": _video_world,
 }
+# the keyword arguments (``--world-arg``) each built-in world takes: a retrained checkpoint's folder
+BUILT_IN_WORLD_ARGS: dict[str, tuple[str, ...]] = {"learned": ("path",), "video": ("path",)}
 
 
-def world_builder(spec: str) -> Callable[[], WorldModel]:
-    """What builds the world ``spec`` names, resolved but not called: a Serve deployment checks a
-    spec this way before its replicas build the world on their own devices. A spec that names
-    nothing loadable raises ``WorldLoadError``."""
+# The optional modules each built-in world imports (some only at its first start), and the extra of
+# pyproject.toml that installs each. The documented GPU-server install (``rollserve[server]``) has
+# torch but not the simulator, which the video world renders its start frames with.
+WORLD_MODULES: dict[str, tuple[str, ...]] = {
+    "sim": ("mujoco", "gymnasium", "gymnasium_robotics"),
+    "learned": ("torch",),
+    "video": ("torch", "mujoco", "gymnasium", "gymnasium_robotics"),
+}
+MODULE_EXTRAS: dict[str, str] = {
+    "torch": "server",
+    "mujoco": "sim",
+    "gymnasium": "sim",
+    "gymnasium_robotics": "sim",
+}
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported, found without importing it (mujoco takes ~0.3 s)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # blocked, or in sys.modules without a spec
+        return False
+
+
+def check_world_dependencies(spec: str) -> None:
+    """Refuse a built-in world whose optional dependencies are not installed, naming the extra to
+    install, before anything is served: the video world would otherwise start serving and fail
+    every create. Specs ``module.path:factory`` are checked when they are imported."""
+    missing = [module for module in WORLD_MODULES.get(spec, ()) if not _installed(module)]
+    if missing:
+        extras = ",".join(dict.fromkeys(MODULE_EXTRAS[module] for module in missing))
+        raise WorldLoadError(
+            f"world {spec!r} needs {', '.join(missing)}, not installed here: "
+            f'pip install "rollserve[{extras}]" (or "rollserve[all]")'
+        )
+
+
+def world_builder(spec: str, **kwargs: Any) -> Callable[[], WorldModel]:
+    """What builds the world ``spec`` names with ``kwargs`` (``--world-arg``), resolved but not
+    called: a Serve deployment checks a spec this way before its replicas build the world on their
+    own devices. A spec that names nothing loadable raises ``WorldLoadError``."""
     if spec in BUILT_IN_WORLDS:
-        return BUILT_IN_WORLDS[spec]
+        return _built_in_builder(spec, kwargs)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise WorldLoadError(f"unknown world {spec!r}: use sim, learned, video, toy or module.path:factory")
     factory = _world_factory(spec, module_name, attr)
 
     def build() -> WorldModel:
-        world = _call_factory(factory, spec, attr)
+        world = _call_factory(partial(factory, **kwargs), spec, attr)
         if not isinstance(world, WorldModel):
             raise NotAWorldError(
                 f"world spec {spec!r} returned {type(world).__name__}, which is not a WorldModel"
@@ -142,11 +183,25 @@ def world_builder(spec: str) -> Callable[[], WorldModel]:
     return build
 
 
-def load_world(spec: str) -> WorldModel:
+def _built_in_builder(spec: str, kwargs: dict[str, Any]) -> Callable[[], WorldModel]:
+    """A built-in world's builder; arguments it does not take are refused before anything loads,
+    and a failed load with arguments (a folder that is no checkpoint) is a ``WorldLoadError``."""
+    known = BUILT_IN_WORLD_ARGS.get(spec, ())
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown:
+        takes = f"it takes {', '.join(known)}" if known else "it takes none"
+        raise WorldLoadError(f"world {spec!r} takes no argument {unknown[0]!r} (--world-arg); {takes}")
+    if not kwargs:
+        return BUILT_IN_WORLDS[spec]
+    return partial(_call_factory, partial(BUILT_IN_WORLDS[spec], **kwargs), spec, "load_default")
+
+
+def load_world(spec: str, **kwargs: Any) -> WorldModel:
     """Build the world named by ``spec``: ``sim`` (the MuJoCo task), ``learned`` (the shipped
-    checkpoint), ``video`` (the shipped video world model), ``toy``, or ``module.path:factory`` (any
-    callable returning a WorldModel). A spec that names nothing loadable raises ``WorldLoadError``."""
-    return world_builder(spec)()
+    checkpoint, or the one at ``path``), ``video`` (the shipped video world model, or ``path``),
+    ``toy``, or ``module.path:factory`` (any callable returning a WorldModel, called with
+    ``kwargs``). A spec that names nothing loadable raises ``WorldLoadError``."""
+    return world_builder(spec, **kwargs)()
 
 
 def _world_factory(spec: str, module_name: str, attr: str) -> Any:

@@ -30,6 +30,15 @@ logger = logging.getLogger("rollserve.serve")
 
 DEFAULT_POLICY = "rollserve.models.checkpoint:load_default"  # served when neither --policy nor --world
 DEFAULT_WORLD = "sim"
+# policies whose checkpoint names their actions: ``--action-names`` would clash with those names
+NAMED_ACTION_POLICIES = (DEFAULT_POLICY, "rollserve.models.checkpoint:load_flow_policy")
+# Serve-only flags and their defaults: given another value without --ray, refused, never ignored
+RAY_ONLY_FLAGS = (
+    ("--replicas", "replicas", 1),
+    ("--replica-cpus", "replica_cpus", 1.0),
+    ("--replica-gpus", "replica_gpus", 0.0),
+    ("--ray-address", "ray_address", None),
+)
 MIB = 1024 * 1024
 
 
@@ -64,6 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--world", metavar="sim|learned|video|SPEC", help="also serve a world model for RL rollouts"
     )
+    parser.add_argument(
+        "--world-arg", metavar="KEY=VALUE", action="append", default=[],
+        help="keyword argument for the world: path=DIR serves a learned or video world you trained "
+        "(rollserve train world [--video] --out DIR), others go to a SPEC factory; repeatable",
+    )  # fmt: skip
     parser.add_argument(
         "--world-policy", metavar="reference|served|SPEC",
         help="let the world act when a step has no action: the reference flow policy, the policy "
@@ -185,13 +199,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def parse_policy_args(items: list[str]) -> dict[str, Any]:
-    """``["latency_s=0.05", "name=x"]`` -> ``{"latency_s": 0.05, "name": "x"}``."""
+def parse_policy_args(items: list[str], flag: str = "--policy-arg") -> dict[str, Any]:
+    """``["latency_s=0.05", "name=x"]`` -> ``{"latency_s": 0.05, "name": "x"}`` (also ``--world-arg``)."""
     kwargs: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.isidentifier():
-            raise ValueError(f"--policy-arg must look like KEY=VALUE, got {item!r}")
+            raise ValueError(f"{flag} must look like KEY=VALUE, got {item!r}")
         try:
             kwargs[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -213,6 +227,35 @@ def action_names_of(text: str) -> list[str]:
     if not names:
         raise UsageError(f"argument --action-names: no names in {text!r}")
     return names
+
+
+def check_flag_combinations(args: argparse.Namespace) -> None:
+    """Refuse flags that the chosen others would silently ignore or fail on late, as usage errors
+    before anything loads."""
+    if not args.ray:
+        for flag, dest, default in RAY_ONLY_FLAGS:
+            if getattr(args, dest) != default:
+                raise UsageError(f"argument {flag}: only with --ray (without it one process serves)")
+    for flag, given in (("--world-policy", args.world_policy), ("--world-arg", args.world_arg)):
+        if given and not args.world:
+            raise UsageError(f"argument {flag}: needs --world")
+    if args.world_arg and args.ray:  # replicas build their world from the spec alone
+        raise UsageError("argument --world-arg: not with --ray; use a module.path:factory world")
+    if args.action_names and args.policy in NAMED_ACTION_POLICIES:
+        raise UsageError(
+            f"argument --action-names: {args.policy} names its actions from its checkpoint; "
+            "--action-names is for checkpoints without names (lerobot:PATH) and factories taking action_names"
+        )
+
+
+def check_world(spec: str | None, args: argparse.Namespace) -> None:
+    """A built-in world whose optional dependencies are missing is a usage error naming the extra
+    to install, found before serving. Skipped when joining a Ray cluster: its replicas may run on
+    machines with another install than this one."""
+    if spec and not (args.ray and args.ray_address):
+        from rollserve.models.worlds import check_world_dependencies
+
+        check_world_dependencies(spec)
 
 
 def world_policy_spec(spec: str | None, serves_policy: bool) -> str | None:
@@ -241,7 +284,11 @@ def _world_policy(spec: str | None, served: Any) -> Any:
 
 
 def _load_rollout(
-    world_spec: str, settings: ServerSettings, world_policy: Any = None, store: Any = None
+    world_spec: str,
+    settings: ServerSettings,
+    world_policy: Any = None,
+    store: Any = None,
+    world_kwargs: dict[str, Any] | None = None,
 ) -> Any:
     try:
         worlds = importlib.import_module("rollserve.models.worlds")
@@ -250,7 +297,13 @@ def _load_rollout(
         if exc.name and exc.name.startswith("rollserve"):
             raise ValueError("world serving is not available in this build of rollserve") from exc
         raise
-    world = worlds.load_world(world_spec)
+    try:
+        world = worlds.load_world(world_spec, **(world_kwargs or {}))
+    except ModuleNotFoundError as exc:  # an optional dependency the checks before could not foresee
+        raise ValueError(
+            f"world {world_spec!r} needs the module {exc.name!r}, not installed here: "
+            'pip install "rollserve[all]"'
+        ) from exc
     if world_policy is not None:
         from rollserve.models.world_action import ActingWorld
 
@@ -268,9 +321,11 @@ def load_services(
     openpi_layout: str,
     world_policy: str | None = None,
     store: Any = None,
+    world_kwargs: dict[str, Any] | None = None,
 ) -> tuple[Any, Any]:
     """The policy and/or rollout service one server (or one Ray replica) serves. A bad spec raises
-    ``ValueError`` with anything already loaded closed again; ``store`` is the rollout store."""
+    ``ValueError`` with anything already loaded closed again; ``store`` is the rollout store and
+    ``world_kwargs`` the world's arguments (``--world-arg``)."""
     policy = rollout = None
     try:
         if policy_spec:
@@ -281,7 +336,8 @@ def load_services(
                 execution_horizon=execution_horizon, openpi_layout=openpi_layout,
             )  # fmt: skip
         if world_spec:
-            rollout = _load_rollout(world_spec, settings, _world_policy(world_policy, policy), store)
+            world_acts_with = _world_policy(world_policy, policy)
+            rollout = _load_rollout(world_spec, settings, world_acts_with, store, world_kwargs)
     except ValueError:
         if policy is not None:
             policy.close()
@@ -315,6 +371,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         loop = event_loop_name(args.loop)  # resolved once; a missing uvloop is a clear error, before loading
         policy_kwargs = policy_kwargs_of(args)  # bad --policy-arg or --action-names: before the socket
+        world_kwargs = parse_policy_args(args.world_arg, "--world-arg")
+        check_flag_combinations(args)
+        check_world(args.world, args)
     except ValueError as exc:
         print(f"rollserve serve: error: {exc}", file=sys.stderr)
         return 2
@@ -355,7 +414,7 @@ def main(args: argparse.Namespace) -> int:
         policy, rollout = load_services(
             args.policy, args.world, settings, policy_kwargs=policy_kwargs,
             execution_horizon=args.rtc_horizon, openpi_layout=args.openpi_layout,
-            world_policy=args.world_policy,
+            world_policy=args.world_policy, world_kwargs=world_kwargs,
         )  # fmt: skip
     except ValueError as exc:  # PolicyLoadError and bad arguments: a clear message, no traceback
         print(f"rollserve serve: error: {exc}", file=sys.stderr)

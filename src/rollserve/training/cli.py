@@ -14,8 +14,10 @@ from rollserve.cli import run_command
 JOBS: dict[str, tuple[str, str]] = {
     "policy": ("rollserve.training.policy", "behaviour-clone the reference flow-matching policy"),
     "world": ("rollserve.training.world_model", "train the learned world model (--video: the video one)"),
-    "video": ("rollserve.training.video_world_model", "train the learned video world model"),
 }
+# `train world --video`: the video world model, a job of its own with its own flags
+VIDEO_JOB = ("rollserve.training.video_world_model", "train the learned video world model")
+VIDEO_HELP = "train the video world model instead (its flags: rollserve train world --video --help)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,9 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    job = "video" if args.job == "world" and "--video" in args.job_args else args.job
-    job_args = [a for a in args.job_args if a != "--video"] if job == "video" else args.job_args
-    module_path, help_text = JOBS[job]
+    video = args.job == "world" and "--video" in args.job_args
+    module_path, help_text = VIDEO_JOB if video else JOBS[args.job]
     module = importlib.import_module(module_path)
     parser = argparse.ArgumentParser(prog=f"rollserve train {args.job}", description=help_text)
-    return run_command(parser, module, job_args)
+    if args.job == "world":  # listed in both jobs' --help; the trainers ignore it
+        parser.add_argument("--video", action="store_true", help=VIDEO_HELP)
+    return run_command(parser, module, args.job_args)

@@ -23,6 +23,7 @@ import functools
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, WebSocket
@@ -115,23 +116,40 @@ def add_policy_routes(app: FastAPI, service: PolicyService, settings: ServerSett
     @app.websocket(SESSION_PATH)
     async def policy_session_ws(websocket: WebSocket) -> None:
         handler = _SessionSocket(websocket, service, settings, penalty)
-        await _admitted(websocket, limiter, handler.route, handler.run)
+        await _admitted(websocket, limiter, handler.route, handler.run, _binary_refusal)
 
     @app.websocket(OPENPI_PATH)
     async def openpi_ws(websocket: WebSocket) -> None:
         handler = _OpenpiSocket(websocket, service, settings, penalty)
-        await _admitted(websocket, limiter, handler.route, handler.run)
+        await _admitted(websocket, limiter, handler.route, handler.run, _text_refusal)
 
 
-async def _admitted(websocket: WebSocket, limiter: AddressLimiter, route: str, run: Any) -> None:
+Refuse = Callable[[WebSocket, str], Awaitable[None]]
+
+
+async def _binary_refusal(websocket: WebSocket, message: str) -> None:
+    """The session protocol's refusal: a binary ``error`` message (retryable), like its every frame."""
+    error = ErrorMsg(code=UNAVAILABLE, message=message, retryable=True)
+    await websocket.send_bytes(encode_message(error))
+
+
+async def _text_refusal(websocket: WebSocket, message: str) -> None:
+    """openpi's refusal: a text frame ``"<code>: <message>"``, as openpi clients read errors."""
+    await websocket.send_text(f"{UNAVAILABLE}: {message}")
+
+
+async def _admitted(
+    websocket: WebSocket, limiter: AddressLimiter, route: str, run: Any, refuse: Refuse
+) -> None:
     """Serve the connection unless the server, or its address, already holds as many as it may
-    (then: ``unavailable``, close 1013, try later). Its slot is released however it ends."""
+    (then: ``unavailable`` sent by ``refuse`` in the route's own framing, close 1013, try later).
+    Its slot is released however it ends."""
     address = client_address(websocket)
     refusal = limiter.refusal(address)
     if refusal is not None:
         METRICS.count_error(route, UNAVAILABLE)
         await websocket.accept()
-        await websocket.send_text(f"{UNAVAILABLE}: {refusal}")
+        await refuse(websocket, refusal)
         await websocket.close(code=1013, reason="too many connections")
         return
     try:
