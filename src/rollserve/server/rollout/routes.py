@@ -177,8 +177,7 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
         METRICS.count_error(route, error.code)
         status = status_for(error.code, mode, step=route == "step")
         if route == "step" and session_id is not None:
-            step_id = parsed.get("step_id") if isinstance(parsed, dict) else None
-            step_id = step_id if isinstance(step_id, int) and not isinstance(step_id, bool) else -1
+            step_id = _echoed_step_id(parsed.get("step_id") if isinstance(parsed, dict) else None)
             refused = await service.refused_step(session_id, step_id, error.code, error.message)
             response = _render(refused, status, raw)
         else:
@@ -314,12 +313,16 @@ def _item_by_item(parsed: dict[str, Any], context: dict[str, Any]) -> BatchStepR
     return built(BatchStepRequest, {"items": checked}, {"_refused": refused})
 
 
+def _echoed_step_id(step_id: Any) -> int:
+    """The step_id a refusal reports: the request's when it is a valid one, else -1 (an id out of
+    range, e.g. 2**64, could not even be encoded in a msgpack answer)."""
+    return step_id if type(step_id) is int and 0 <= step_id < 2**63 else -1
+
+
 def _stand_in(session_id: str, step_id: Any) -> BatchStepItem:
     """A refused item's place in the batch: its session, and its step_id (-1 when that is invalid)."""
-    if type(step_id) is not int or not 0 <= step_id < 2**63:
-        step_id = -1
     fields = {
-        "step_id": step_id,
+        "step_id": _echoed_step_id(step_id),
         "observation": Observation(),
         "action": Action(),
         "use_session_context": True,
