@@ -560,3 +560,12 @@ def test_serve_world_arg_needs_a_world_and_no_ray(
     argv: list[str], expected: str, capsys: pytest.CaptureFixture, no_long_work: None
 ) -> None:
     assert_usage_error(["serve", *argv], capsys, "--world-arg", expected)
+
+
+def test_demo_names_the_extra_its_simulated_robot_needs(
+    capsys: pytest.CaptureFixture, no_long_work: None, server_extra_only: None
+) -> None:
+    """``rollserve demo`` on the GPU-server install: a one-line usage error naming the extra, not
+    "demo failed: ModuleNotFoundError" after the server started."""
+    err = assert_usage_error(["demo"], capsys, "needs mujoco", 'pip install "rollserve[sim]"')
+    assert len(err.strip().splitlines()) == 1

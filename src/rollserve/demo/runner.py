@@ -305,6 +305,9 @@ def main(args: argparse.Namespace) -> int:
         out = Console(highlight=False, width=160)  # a pipe or file: don't squeeze the table into 80 columns
     try:
         config = config_from_args(args)
+        from rollserve.models.worlds import check_world_dependencies
+
+        check_world_dependencies("sim")  # the simulated robot: a missing [sim] extra is named at once
     except ValueError as exc:
         print(f"rollserve demo: {exc}", file=sys.stderr)
         return 2
