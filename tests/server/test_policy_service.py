@@ -331,7 +331,9 @@ async def test_a_reset_while_a_request_is_in_the_model_keeps_that_requests_proce
         assert await asyncio.to_thread(policy.entered.wait, 10)
         assert service.reset_session(session) == 1 and numbered.made == 2  # new episode, new pair
         policy.release.set()
-        await in_flight
+        with pytest.raises(PolicyError) as info:  # reset while it ran: stale, still processed by one pair
+            await in_flight
+        assert info.value.code == STALE_EPOCH
         reply = await service.infer(session, MsgHeader(seq_id=2, session_epoch=1), _obs())
         assert reply.header.seq_id == 2
         assert numbered.pairs == [(1, 1), (2, 2)]

@@ -133,29 +133,45 @@ class PolicyService:
 
     # -- inference -------------------------------------------------------------------------------
     async def infer(self, session: PolicySession, header: MsgHeader, obs: ObservationMsg) -> ActionChunkMsg:
-        """Queue one observation on the engine; raises ``Superseded`` when a newer one of the session came."""
-        if not self.sessions.is_open(session):
-            raise PolicyError(UNKNOWN_SESSION, "no such session (never opened, closed, or replaced)")
-        if header.session_epoch != session.epoch:
-            raise PolicyError(
-                STALE_EPOCH, f"session_epoch {header.session_epoch} is not the current {session.epoch}"
-            )
+        """Queue one observation on the engine; raises ``Superseded`` when a newer one of the session came.
+
+        The session is checked again once the engine answers: a chunk whose session was closed,
+        replaced (from any connection) or reset meanwhile is refused, never sent (docs/protocol.md).
+        """
+        self._require_current(session, header)
         self.request_path.validate(session, obs)
         session.touch()
         item = InferenceItem.of(session, header, obs)  # the session's processors as of now
         try:
             done = await self.worker.submit(item, key=session.session_id)
         except Superseded:
+            # An old-epoch request superseded by a newer one is refused, not listed in a reply of
+            # the new epoch (the client drops the old epoch's outcomes anyway).
+            self._require_current(session, header, "while this waited")
             # Delivered on this loop before the newer request can finish: its reply reports it.
             session.note_superseded(header.seq_id)
             raise
         except EngineClosed as exc:
             raise PolicyError(UNAVAILABLE, "the policy engine is shutting down", retryable=True) from exc
+        self._require_current(session, header, "while this ran")
         reply = done.value
         reply.queue_wait_ms = done.queue_wait_s * 1000.0
         reply.batch_size = done.batch_size
-        reply.superseded_seq_ids = session.take_superseded()
+        reply.superseded_seq_ids = session.take_superseded()  # only ever on a current-epoch reply
         return reply
+
+    def _require_current(self, session: PolicySession, header: MsgHeader, when: str = "") -> None:
+        """Raise ``unknown_session`` unless the session is still its uuid's open one, else
+        ``stale_epoch`` unless the request carries the session's current epoch."""
+        if not self.sessions.is_open(session):
+            detail = f" {when}" if when else ""
+            raise PolicyError(UNKNOWN_SESSION, f"no such session (never opened, closed, or replaced{detail})")
+        if header.session_epoch != session.epoch:
+            detail = f" (reset {when})" if when else ""
+            raise PolicyError(
+                STALE_EPOCH,
+                f"session_epoch {header.session_epoch} is not the current {session.epoch}{detail}",
+            )
 
     def server_load(self) -> dict[str, Any]:
         return {

@@ -1,7 +1,9 @@
 """The one store of policy sessions: who is connected, their processors, epoch and superseded requests.
 
 A session belongs to a robot (``client_uuid``). Reopening with the same uuid replaces the old session
-and bumps the epoch, so anything still in flight for the old one is recognisably stale.
+and bumps the epoch, so anything still in flight for the old one is recognisably stale. An open
+session's epoch lives on the session itself (never forgotten: clients drop replies by epoch); only
+closed uuids' last epochs are kept in a bounded memory, so unknown uuids cannot grow it without end.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from rollserve.models.policy import Processors
 
 logger = logging.getLogger(__name__)
 
-_EPOCH_MEMORY = 10_000  # client uuids whose last epoch is remembered after their session closed
+_EPOCH_MEMORY = 10_000  # closed client uuids whose last epoch is remembered (oldest forgotten first)
 
 
 @dataclass
@@ -63,7 +65,7 @@ class PolicySessionStore:
         self._make_processors = make_processors
         self._sessions: dict[str, PolicySession] = {}
         self._by_client: dict[str, str] = {}
-        self._epochs: OrderedDict[str, int] = OrderedDict()
+        self._epochs: OrderedDict[str, int] = OrderedDict()  # closed uuids only, least recent first
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -86,13 +88,10 @@ class PolicySessionStore:
         with self._lock:
             previous = self._by_client.pop(client_uuid, None)
             if previous is not None:
-                self._sessions.pop(previous, None)
+                self._remember(self._sessions.pop(previous, None))
             if len(self._sessions) >= self.max_sessions:
                 raise SessionLimitReached(f"server is at its limit of {self.max_sessions} policy sessions")
             epoch = self._epochs.pop(client_uuid, -1) + 1
-            self._epochs[client_uuid] = epoch
-            while len(self._epochs) > _EPOCH_MEMORY:
-                self._epochs.popitem(last=False)
             session = PolicySession(
                 session_id=uuid.uuid4().hex,
                 client_uuid=client_uuid,
@@ -104,6 +103,19 @@ class PolicySessionStore:
             self._sessions[session.session_id] = session
             self._by_client[client_uuid] = session.session_id
             return session
+
+    def _remember(self, session: PolicySession | None) -> None:
+        """Keep a closed (or replaced) session's epoch, so its uuid's next session starts above it.
+
+        Called with the lock held. Only closed uuids are kept here, at most ``_EPOCH_MEMORY``, the
+        least recently written forgotten first; open sessions carry their epoch themselves.
+        """
+        if session is None:
+            return
+        remembered = self._epochs.pop(session.client_uuid, -1)
+        self._epochs[session.client_uuid] = max(remembered, session.epoch)
+        while len(self._epochs) > _EPOCH_MEMORY:
+            self._epochs.popitem(last=False)
 
     def _new_processors(self) -> Processors:
         try:
@@ -135,8 +147,7 @@ class PolicySessionStore:
         with self._lock:
             if self._sessions.get(session.session_id) is not session:
                 raise PolicyError(UNKNOWN_SESSION, "no such session (never opened, closed, or replaced)")
-            epoch = self._epochs.get(session.client_uuid, session.epoch) + 1
-            self._epochs[session.client_uuid] = epoch
+            epoch = session.epoch + 1
             session.epoch = epoch
             session.processors = processors
             session.take_superseded()
@@ -148,4 +159,5 @@ class PolicySessionStore:
             session = self._sessions.pop(session_id, None)
             if session is not None and self._by_client.get(session.client_uuid) == session_id:
                 del self._by_client[session.client_uuid]
+                self._remember(session)
             return session is not None
