@@ -16,6 +16,7 @@ Not part of CI (too slow); run it before a change to a core module lands (docs/t
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import os
 import re
 import shutil
@@ -66,6 +67,8 @@ MODULES: dict[str, CoreModule] = {
             "tests/server/test_rollout_review_service.py",
             "tests/client/test_rollout_client_aliases.py",
             "tests/server/test_rollout_status_idle.py",
+            "tests/server/test_rollout_start_state_refusals.py",
+            "tests/server/test_rollout_batch_item_validation.py",
             "tests/scale/test_shared_store.py",
             "tests/scale/test_shared_store_forks.py",
         ),
@@ -206,6 +209,24 @@ DETECTED = {"killed", "timeout", "caught by type check", "segfault"}
 UNCHECKED = {"not checked", "check was interrupted by user"}
 
 
+def stale_listings(name: str, statuses: dict[str, str], equivalent: set[str]) -> list[tuple[str, str]]:
+    """Listed equivalents of ``name`` that cannot be right: a test killed them, or no such mutant
+    exists. mutmut numbers a function's mutants anew when the function changes, so after an edit a
+    listed name may point at another mutant; its listing would then hide that one from the score."""
+    listed = sorted(k for k in equivalent if _mutated_file(k, MODULES[name].sources))
+    return [(k, "killed by a test") for k in listed if statuses.get(k) in DETECTED] + [
+        (k, "no such mutant") for k in listed if k not in statuses
+    ]
+
+
+def _mutated_file(mutant: str, sources: tuple[str, ...]) -> bool:
+    """Whether ``mutant`` (``pkg.module.x_func__mutmut_N`` or ``pkg.module.xǁClassǁmethod__mutmut_N``)
+    is of a file the ``sources`` patterns name."""
+    module = re.split(r"\.x(?:_|ǁ)", mutant, maxsplit=1)[0]
+    path = "src/" + module.replace(".", "/") + ".py"
+    return any(fnmatch.fnmatch(path, pattern) for pattern in sources)
+
+
 def score_row(name: str, statuses: dict[str, str], equivalent: set[str]) -> tuple[str, float]:
     """Killed over checked non-equivalent mutants; mutants the time bound left unchecked are shown."""
     counted = {k: v for k, v in statuses.items() if k not in equivalent and v not in UNCHECKED}
@@ -262,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                     text=True,
                 ).stdout
                 print(diff)
+        for mutant, why in stale_listings(name, statuses, equivalent):
+            print(f"[{name}] stale equivalent listing ({why}): {mutant}")
     print("\n| module | mutants | not checked (time bound) | listed equivalent | killed | survived | score |")
     print("|---|---|---|---|---|---|---|")
     print("\n".join(rows))
