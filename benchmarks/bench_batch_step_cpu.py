@@ -158,6 +158,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--client-src", action="append", default=[], help="with --together: a tree's client too (repeatable)"
     )
     args = parser.parse_args(argv)
+    if args.client_src and not args.together:  # else every run is measured, then the table has no rows
+        parser.error("--client-src only applies with --together")
     seconds = args.seconds or (2.0 if args.quick else 8.0)
     rounds = args.rounds or (1 if args.quick else 3)
     trees: list[str | None] = [*args.src] or [None]

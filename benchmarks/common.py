@@ -19,7 +19,19 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-console = Console(stderr=False)
+PIPE_COLUMNS = 160  # table width on a pipe or in a file (and run_all's COLUMNS): 80 would cut cells
+
+
+def make_console() -> Console:
+    """Tables on stdout: a terminal's own width, ``COLUMNS`` when set, else ``PIPE_COLUMNS`` when
+    redirected, so a log file gets whole cells instead of rich's 80-column default."""
+    console = Console(stderr=False)
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
+        console = Console(stderr=False, width=PIPE_COLUMNS)
+    return console
+
+
+console = make_console()
 TABLES: list[dict[str, Any]] = []  # every table printed so far; emit_json carries them (run_all's markdown)
 
 

@@ -23,38 +23,66 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common
 from common import emit_json, print_table
 
+from rollserve.cli import non_negative_int, positive_int
 from rollserve.demo.metrics import summarize
 from rollserve.demo.simtime import SimulatedRobot
 from rollserve.demo.strategies import STRATEGIES
 from rollserve.sim.env import TabletopPickPlaceEnv
-from rollserve.sim.layout import CONTROL_HZ
+from rollserve.sim.layout import CONTROL_HZ, MAX_EPISODE_STEPS
 
 DEFAULT_DELAYS = (0, 1, 2, 3, 4, 6)
 FIRST_SEED = 100_000  # the policy's evaluation seeds: layouts it was not trained on
 
 
+def delay_list(text: str) -> list[int]:
+    """argparse type: comma-separated delays in control steps, each >= 0, at least one."""
+    delays = [non_negative_int(part.strip()) for part in text.split(",") if part.strip()]
+    if not delays:
+        raise argparse.ArgumentTypeError("at least one delay expected")
+    return list(dict.fromkeys(delays))
+
+
+def strategy_list(text: str) -> list[str]:
+    """argparse type: a subset of the strategies, checked here: a typo must not cost the policy load."""
+    names = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [name for name in names if name not in STRATEGIES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown {unknown}; choose from {', '.join(STRATEGIES)}")
+    return names
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10 episodes per cell (default 50)")
-    parser.add_argument("--episodes", type=int, default=None, help="episodes per strategy and delay")
+    parser.add_argument("--episodes", type=positive_int, default=None, help="episodes per strategy and delay")
     parser.add_argument(
-        "--delays", default=",".join(map(str, DEFAULT_DELAYS)), help="delays in control steps"
-    )
-    parser.add_argument("--strategies", default="sync,async,rtc", help="subset of sync, async, rtc")
-    parser.add_argument("--seed", type=int, default=FIRST_SEED, help="first episode seed")
-    parser.add_argument(
-        "--max-steps", type=int, default=None, help="episode time limit in ticks (default 120)"
+        "--delays", type=delay_list, default=list(DEFAULT_DELAYS), help="delays in control steps"
     )
     parser.add_argument(
-        "--refill-margin", type=int, default=4, help="async: ask when <= d + margin actions left"
+        "--strategies", type=strategy_list, default=list(STRATEGIES), help="subset of sync, async, rtc"
     )
-    parser.add_argument("--sync-steps", type=int, default=8, help="sync: actions executed per chunk")
+    parser.add_argument("--seed", type=non_negative_int, default=FIRST_SEED, help="first episode seed")
+    parser.add_argument(
+        "--max-steps",
+        type=positive_int,
+        default=None,
+        help=f"episode time limit in ticks (default {MAX_EPISODE_STEPS})",
+    )
+    parser.add_argument(
+        "--refill-margin",
+        type=non_negative_int,
+        default=4,
+        help="async: ask when <= d + margin actions left",
+    )
+    parser.add_argument("--sync-steps", type=positive_int, default=8, help="sync: actions executed per chunk")
     parser.add_argument("--policy", default="rollserve.models.checkpoint:load_default", help="policy spec")
     args = parser.parse_args(argv)
-    args.episodes = args.episodes or (10 if args.quick else 50)
+    if args.episodes is None:
+        args.episodes = 10 if args.quick else 50
+    if args.max_steps is None:
+        args.max_steps = MAX_EPISODE_STEPS
     return args
 
 
@@ -73,12 +101,11 @@ def sweep(args: argparse.Namespace) -> dict[str, dict[str, dict[str, Any]]]:
 
 
 def _sweep(args: argparse.Namespace, policy: Any) -> dict[str, dict[str, dict[str, Any]]]:
-    env = TabletopPickPlaceEnv(**({"max_episode_steps": args.max_steps} if args.max_steps else {}))
-    delays = [int(d) for d in args.delays.split(",")]
+    env = TabletopPickPlaceEnv(max_episode_steps=args.max_steps)
     seeds = range(args.seed, args.seed + args.episodes)
     results: dict[str, dict[str, dict[str, Any]]] = {}
-    for delay in delays:
-        for name in args.strategies.split(","):
+    for delay in args.delays:
+        for name in args.strategies:
             started = time.perf_counter()
             robot = SimulatedRobot(
                 policy, STRATEGIES[name], delay=delay, refill_margin=args.refill_margin,
@@ -139,8 +166,6 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     results = sweep(args)
     columns, rows = table_rows(results)
-    if not common.console.is_terminal:
-        common.console.width = 120  # a pipe or a file: room for every column
     print_table(
         f"RTC delay sweep: {args.episodes} episodes per cell, simulated time. jump = mean joint step at "
         f"chunk boundaries (x = vs inside chunks); slowdown = ticks per executed action",
@@ -151,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         "rtc_delay_sweep",
         {
             "episodes": args.episodes,
+            "delays": args.delays,
+            "strategies": args.strategies,
+            "max_steps": args.max_steps,
             "first_seed": args.seed,
             "refill_margin": args.refill_margin,
             "sync_steps": args.sync_steps,

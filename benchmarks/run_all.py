@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine_description
+from common import PIPE_COLUMNS, machine_description
 
 HERE = Path(__file__).resolve().parent
 
@@ -38,7 +38,7 @@ BENCHMARKS: dict[str, str] = {
 
 def run_one(script: Path, args: list[str], timeout_s: float) -> dict[str, Any]:
     """Run one benchmark, echoing its output; returns its JSON result (or why there is none)."""
-    env = dict(os.environ, COLUMNS=os.environ.get("COLUMNS", "140"), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, COLUMNS=os.environ.get("COLUMNS", str(PIPE_COLUMNS)), PYTHONUNBUFFERED="1")
     started = time.monotonic()
     process = subprocess.Popen(
         [sys.executable, str(script), *args], stdout=subprocess.PIPE, text=True, env=env, cwd=HERE.parent

@@ -28,6 +28,8 @@ DEFAULT_DELAY_MS = 200.0
 DEFAULT_EPISODES = 5
 DEFAULT_REFILL_MARGIN = 4
 DEFAULT_SYNC_STEPS = 8
+INTERRUPTED = "rollserve demo: interrupted"
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -227,21 +229,19 @@ def run_demo(config: DemoConfig, out: Console) -> dict[str, Any]:
     _one_torch_thread()
     warm_up(service.policy, config.rtc_horizon)
     server = start_in_thread(create_app(policy=service), "127.0.0.1", 0)
-    runs: dict[str, StrategyRun] = {}
     try:
         with DelayProxy("127.0.0.1", server.port, config.delay_ms) as proxy:
             url = f"ws://127.0.0.1:{proxy.port}/v1/policy/ws"
             if not config.quiet:
-                out.print(
+                print_line(
+                    out,
                     f"rollserve demo: policy {service.metadata.name!r} served at {server.ws_url}; the robot "
                     f"connects through {proxy.address} (+{config.delay_ms:.0f} ms round trip), "
                     f"{config.fps:.0f} Hz, {config.episodes} episode(s) per strategy, seeds "
                     f"{config.seed}..{config.seed + config.episodes - 1}",
-                    highlight=False,
                 )
             with LiveProgress(quiet=config.quiet) as progress:
-                for strategy in config.strategies:
-                    runs[strategy.name] = run_strategy(config, strategy, url, progress)
+                runs, interrupted = run_strategies(config, url, progress)
     finally:
         server.stop()
     results = {
@@ -251,7 +251,7 @@ def run_demo(config: DemoConfig, out: Console) -> dict[str, Any]:
     labels = {s.name: s.label for s in config.strategies}
     title = (
         f"rollserve demo: {config.episodes} episode(s) per strategy, +{config.delay_ms:.0f} ms round trip, "
-        f"{config.fps:.0f} Hz"
+        f"{config.fps:.0f} Hz{' (interrupted: finished strategies only)' if interrupted else ''}"
     )
     out.print(results_table(results, labels, title))
     artifacts = _write_artifacts(config, runs, labels, out)
@@ -269,7 +269,27 @@ def run_demo(config: DemoConfig, out: Console) -> dict[str, Any]:
         "strategies": results,
         **artifacts,
         "seconds": round(time.perf_counter() - started, 1),
+        **({"interrupted": True} if interrupted else {}),
     }
+
+
+def run_strategies(config: DemoConfig, url: str, progress: Any) -> tuple[dict[str, StrategyRun], bool]:
+    """Every strategy in turn, and whether Ctrl-C cut the list short: the strategies that finished
+    are kept (minutes of measurements); with none finished, the interrupt propagates."""
+    runs: dict[str, StrategyRun] = {}
+    try:
+        for strategy in config.strategies:
+            runs[strategy.name] = run_strategy(config, strategy, url, progress)
+    except KeyboardInterrupt:
+        if not runs:
+            raise
+        return runs, True
+    return runs, False
+
+
+def print_line(out: Console, text: str) -> None:
+    """One physical line whatever the console width: a wrapped address or path can't be copied."""
+    out.print(text, soft_wrap=True, highlight=False)
 
 
 def _write_artifacts(
@@ -283,17 +303,19 @@ def _write_artifacts(
         first, labels, config.out / "boundaries.png",
         title=f"actions around chunk boundaries, +{config.delay_ms:.0f} ms round trip",
     )  # fmt: skip
-    out.print(f"plot: {plot}")
+    print_line(out, f"plot: {plot}")
     video = None
-    if config.video is not None:
+    if config.video is not None and config.video_strategy not in first:
+        print_line(out, f"video skipped: interrupted before {labels[config.video_strategy]} ran")
+    elif config.video is not None:
         trace = first[config.video_strategy]
         stalls = [action is None for action in trace.actions]
         try:
             video = write_video(trace.snapshots, stalls, config.video, config.fps)
         except Exception as exc:  # no usable GL on this machine: keep the results, say why
-            out.print(f"video skipped: {type(exc).__name__}: {exc} (see docs/sim.md, rendering)")
+            print_line(out, f"video skipped: {type(exc).__name__}: {exc} (see docs/sim.md, rendering)")
         else:
-            out.print(f"video ({labels[config.video_strategy]}, seed {trace.seed}): {video}")
+            print_line(out, f"video ({labels[config.video_strategy]}, seed {trace.seed}): {video}")
     return {"plot": str(plot), "video": None if video is None else str(video)}
 
 
@@ -313,11 +335,17 @@ def main(args: argparse.Namespace) -> int:
         return 2
     try:
         payload = run_demo(config, out)
+    except KeyboardInterrupt:  # in the first strategy, or while reporting: say so, no traceback
+        print(INTERRUPTED, file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as exc:  # a refused session, a policy that fails to load, an unreachable server
         print(f"rollserve demo failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     sys.stdout.flush()
     print(json_line(payload), flush=True)
+    if payload.get("interrupted"):  # the finished strategies' rows are out; the exit status still says Ctrl-C
+        print(INTERRUPTED, file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 
