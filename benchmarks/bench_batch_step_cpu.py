@@ -32,6 +32,8 @@ from bench_rollouts import Rollouts, random_actions
 from common import emit_json, print_table
 from loopback import running, start_rollserve
 
+from rollserve.cli import positive_float, positive_int
+
 
 def _cpu_s(path: str) -> float:
     """utime + stime of a process or thread, from its ``/proc`` stat line."""
@@ -144,9 +146,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="2 s per point, one round")
     parser.add_argument("--world", default="video", help="a world rollserve serves (default: video)")
-    parser.add_argument("--sessions", type=int, default=32)
-    parser.add_argument("--seconds", type=float, default=None, help="per point (default 8)")
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3)")
+    parser.add_argument("--sessions", type=positive_int, default=32)
+    parser.add_argument("--seconds", type=positive_float, default=None, help="per point (default 8)")
+    parser.add_argument("--rounds", type=positive_int, default=None, help="interleaved rounds (default 3)")
     parser.add_argument("--frames", action="store_true", help="every session renders its first camera")
     parser.add_argument(
         "--src", action="append", default=[], help="a source tree's src/ to serve from (repeatable)"
@@ -160,8 +162,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.client_src and not args.together:  # else every run is measured, then the table has no rows
         parser.error("--client-src only applies with --together")
-    seconds = args.seconds or (2.0 if args.quick else 8.0)
-    rounds = args.rounds or (1 if args.quick else 3)
+    seconds = args.seconds if args.seconds is not None else (2.0 if args.quick else 8.0)
+    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
     trees: list[str | None] = [*args.src] or [None]
     samples: dict[str, list[dict[str, float]]] = {str(t or "this tree"): [] for t in trees}
     samples |= {f"client {src}": [] for src in args.client_src}

@@ -48,16 +48,29 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
     parser.add_argument("--first-seed", type=int, default=100_000)
     parser.add_argument("--worlds", nargs="+", default=["learned", "video", "sim"])
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # reproducible returns; put back after, for whoever called main()
+    try:
+        return _evaluate(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _evaluate(args: argparse.Namespace) -> dict[str, list[float]]:
     policy = load_default()
     seeds = range(args.first_seed, args.first_seed + args.episodes)
     returns: dict[str, list[float]] = {}
     for world in args.worlds:
         service = RolloutService(load_world(world))
-        with serving(create_app(ServerSettings(), rollout=service)) as server:
-            env = RolloutEnv(server.http_url, render={} if world == "video" else None)
-            results = [episode_return(env, policy, seed) for seed in seeds]
-            env.close()
+        try:
+            with serving(create_app(ServerSettings(), rollout=service)) as server:
+                env = RolloutEnv(server.http_url, render={} if world == "video" else None)
+                try:
+                    results = [episode_return(env, policy, seed) for seed in seeds]
+                finally:
+                    env.close()
+        finally:
+            service.close()
         returns[world] = [r for r, _ in results]
         success = np.mean([ok for _, ok in results])
         print(f"{world:>8} world: mean return {np.mean(returns[world]):7.2f}  success {success:.0%}")

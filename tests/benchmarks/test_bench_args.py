@@ -48,6 +48,23 @@ def test_client_src_without_together_is_refused_before_measuring(
 
 
 @pytest.mark.parametrize(
+    "flags", [["--sessions", "0"], ["--seconds", "0"], ["--rounds", "0"], ["--rounds", "-2"]]
+)
+def test_batch_step_cpu_counts_must_be_positive(
+    flags: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--seconds 0`` / ``--rounds 0`` silently became the defaults, ``--sessions 0`` measured nothing."""
+    bench = load("bench_batch_step_cpu")
+
+    def measure(*args: Any) -> dict[str, float]:
+        raise AssertionError("measured although the flags were wrong")
+
+    monkeypatch.setattr(bench, "measure", measure)
+    monkeypatch.setattr(bench, "measure_together", measure)
+    assert flags[0] in usage_error(capsys, lambda: bench.main(["--world", "toy", *flags]))
+
+
+@pytest.mark.parametrize(
     ("flags", "message"),
     [
         (["--episodes", "0"], "--episodes"),

@@ -32,3 +32,20 @@ def test_example_prints_both_returns(capsys) -> None:
     learned, sim = np.mean(returns["learned"]), np.mean(returns["sim"])
     assert np.isfinite(learned) and np.isfinite(sim)
     assert abs(learned - sim) < 5.0  # a success bonus (10) apart would mean the worlds disagree
+
+
+def test_example_leaves_torch_threads_as_it_found_them() -> None:
+    """main() runs on one torch thread for reproducible returns, and puts the caller's back."""
+    import torch
+
+    spec = importlib.util.spec_from_file_location("evaluate_in_worlds", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        module.main(["--episodes", "1", "--worlds", "learned"])
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
