@@ -104,3 +104,45 @@ def test_serve_refuses_a_bad_policy_arg_seed(
     assert "Traceback" not in err
     assert f"rollserve serve: error: policy spec 'lerobot:{path}': seed must be a whole number" in err
     assert err.rstrip().endswith(f"got {shown}"), err
+
+
+# -- the other --policy-arg options: checked before LeRobot is imported ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"fps": 0}, "fps must be a positive number, got 0"),
+        ({"fps": "30"}, "fps must be a positive number, got '30'"),
+        ({"fps": float("inf")}, "fps must be a positive number, got inf"),
+        ({"fps": True}, "fps must be a positive number, got True"),
+        ({"rtc": "false"}, "rtc must be true or false, got 'false'"),
+        ({"rtc": 0}, "rtc must be true or false, got 0"),
+        ({"execution_horizon": 0}, "execution_horizon must be a whole number from 1, got 0"),
+        ({"execution_horizon": 2.5}, "execution_horizon must be a whole number from 1, got 2.5"),
+        ({"execution_horizon": True}, "execution_horizon must be a whole number from 1, got True"),
+        ({"max_guidance_weight": -1}, "max_guidance_weight must be a positive number, got -1"),
+        ({"max_guidance_weight": float("nan")}, "max_guidance_weight must be a positive number, got nan"),
+        ({"max_guidance_weight": "5"}, "max_guidance_weight must be a positive number, got '5'"),
+    ],
+)
+def test_an_option_that_would_be_cast_or_fail_late_is_refused(
+    tmp_path: Path, kwargs: dict, message: str
+) -> None:
+    """``int(2.5)`` cut a horizon, a string fps failed only when a client connected, ``"false"`` was
+    truthy: each is refused when the policy loads, before LeRobot is needed."""
+    with pytest.raises(PolicyLoadError) as info:
+        load_policy(f"lerobot:{_checkpoint(tmp_path, 'smolvla')}", **kwargs)
+    assert message in str(info.value)
+    assert "pip install" not in str(info.value)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lerobot") is not None, reason="LeRobot is installed here")
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"fps": 15}, {"fps": 12.5}, {"rtc": False}, {"execution_horizon": 8}, {"max_guidance_weight": 5}],
+)
+def test_valid_options_pass_the_check(tmp_path: Path, kwargs: dict) -> None:
+    """Without LeRobot the next refusal is the install hint: the options themselves were accepted."""
+    with pytest.raises(PolicyLoadError, match=r"pip install 'rollserve\[lerobot\]'"):
+        load_policy(f"lerobot:{_checkpoint(tmp_path, 'smolvla')}", **kwargs)

@@ -8,6 +8,7 @@ own (``policy_preprocessor.json`` / ``policy_postprocessor.json`` with their nor
 from __future__ import annotations
 
 import json
+import math
 import numbers
 from collections.abc import Sequence
 from pathlib import Path
@@ -72,6 +73,7 @@ def load_lerobot_policy(
     overriding the checkpoint's values. ``action_names`` is a list or a comma-separated string.
     """
     _check_seed(seed)
+    _check_options(fps, rtc, execution_horizon, max_guidance_weight)
     path = Path(path).expanduser()
     policy_type = read_policy_type(path)
     support = SUPPORTED_TYPES[policy_type]
@@ -141,6 +143,26 @@ def _check_seed(seed: object) -> None:
         return
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) <= MAX_SEED:
         raise LeRobotLoadError(f"seed must be a whole number from 0 to 2**64 - 1, got {seed!r}")
+
+
+def _check_options(fps: object, rtc: object, horizon: object, guidance: object) -> None:
+    """Refuse ``--policy-arg`` values that would be cut, cast or fail late, when the policy loads:
+    ``fps`` and ``max_guidance_weight`` positive finite numbers, ``execution_horizon`` a whole
+    number from 1, ``rtc`` true or false (JSON hands over whatever VALUE parses to)."""
+    if not _positive_number(fps):
+        raise LeRobotLoadError(f"fps must be a positive number, got {fps!r}")
+    if not isinstance(rtc, bool):
+        raise LeRobotLoadError(f"rtc must be true or false, got {rtc!r}")
+    whole = isinstance(horizon, numbers.Integral) and not isinstance(horizon, bool)
+    if horizon is not None and not (whole and horizon >= 1):  # type: ignore[operator]
+        raise LeRobotLoadError(f"execution_horizon must be a whole number from 1, got {horizon!r}")
+    if guidance is not None and not _positive_number(guidance):
+        raise LeRobotLoadError(f"max_guidance_weight must be a positive number, got {guidance!r}")
+
+
+def _positive_number(value: object) -> bool:
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    return real and math.isfinite(value) and value > 0  # type: ignore[arg-type,operator]
 
 
 def _enable_rtc(config: Any, execution_horizon: int | None, max_guidance_weight: float | None) -> None:
