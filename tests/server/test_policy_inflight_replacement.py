@@ -7,16 +7,14 @@ any connection) before its chunk is ready gets ``unknown_session`` with its ``se
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from gated_policy import GatedPolicy
 from websockets.sync.client import ClientConnection, connect
 
-from rollserve.models.policy import PolicyRequest
-from rollserve.models.simple_policies import ChunkPolicy
 from rollserve.server.app import create_app
 from rollserve.server.policy.service import PolicyService
 from rollserve.server.running import RunningServer, serving
@@ -36,21 +34,6 @@ from rollserve.wire import (
 
 PATH = "/v1/policy/ws"
 STATE = np.linspace(-1, 1, 6, dtype=np.float32)
-
-
-class GatedPolicy(ChunkPolicy):
-    """Its first model call blocks until released, so the test can act while a request runs."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def predict_action_chunks(self, requests: list[PolicyRequest]) -> list[np.ndarray]:
-        if not self.entered.is_set():
-            self.entered.set()
-            self.release.wait(10)
-        return super().predict_action_chunks(requests)
 
 
 def _serve(policy: Any) -> tuple[PolicyService, Any]:

@@ -10,11 +10,11 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from gated_policy import GatedPolicy
 from websockets.sync.client import ClientConnection, connect
 
 from rollserve.client import PolicyClient
 from rollserve.client.policy_client import SessionRejected
-from rollserve.models.policy import PolicyRequest
 from rollserve.models.simple_policies import ChunkPolicy
 from rollserve.server.app import create_app
 from rollserve.server.metrics import METRICS
@@ -36,25 +36,6 @@ from rollserve.wire import (
 
 PATH = "/v1/policy/ws"
 STATE = np.linspace(-1, 1, 6, dtype=np.float32)
-
-
-class GatedPolicy(ChunkPolicy):
-    """Its first model call blocks until released, so later requests queue up behind it."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        self.call_spans: list[tuple[float, float, int]] = []
-
-    def predict_action_chunks(self, requests: list[PolicyRequest]) -> list[np.ndarray]:
-        started = time.monotonic()
-        if not self.entered.is_set():
-            self.entered.set()
-            self.release.wait(10)
-        out = super().predict_action_chunks(requests)
-        self.call_spans.append((started, time.monotonic(), len(requests)))
-        return out
 
 
 def _serve(policy: Any, **settings: Any) -> Any:

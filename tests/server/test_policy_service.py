@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any
 
 import numpy as np
 import pytest
+from gated_policy import GatedPolicy
 
 from rollserve.engine import Superseded
 from rollserve.engine.policy_errors import INFERENCE_ERROR, STALE_EPOCH, UNKNOWN_SESSION, PolicyError
@@ -245,23 +245,8 @@ async def test_infer_checks_session_and_epoch(service: PolicyService) -> None:
     assert info.value.code == UNKNOWN_SESSION
 
 
-class _GatedPolicy(ChunkPolicy):
-    """Blocks its first model call until released, so later requests pile up behind it."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def predict_action_chunks(self, requests: list[PolicyRequest]) -> list[np.ndarray]:
-        if not self.entered.is_set():
-            self.entered.set()
-            self.release.wait(10)
-        return super().predict_action_chunks(requests)
-
-
 async def test_sessions_are_batched_and_stale_requests_superseded() -> None:
-    policy = _GatedPolicy()
+    policy = GatedPolicy()
     service = PolicyService(policy, ServerSettings(max_batch_size=8, max_batch_wait_ms=0))
     try:
         sessions = [service.open_session(SessionOpen(client_uuid=f"r{i}"))[1] for i in range(4)]
@@ -320,7 +305,7 @@ class _NumberedProcessors:
 
 async def test_a_reset_while_a_request_is_in_the_model_keeps_that_requests_processors() -> None:
     """Regression: the old episode's pre and the new episode's post processed the same request."""
-    policy = _GatedPolicy()
+    policy = GatedPolicy()
     numbered = _NumberedProcessors()
     policy.make_processors = numbered.make  # type: ignore[method-assign]
     service = PolicyService(policy, ServerSettings(max_batch_size=1, max_batch_wait_ms=0))
