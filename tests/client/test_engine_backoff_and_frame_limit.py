@@ -7,10 +7,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from waiting import wait_until
 
 from rollserve.client import EngineConfig, PolicyClient, RemoteInferenceEngine, ServerError
 from rollserve.client.policy_client import FrameTooLarge
@@ -26,13 +27,6 @@ LIMIT = 64 * 1024  # the server's frame limit in these tests
 STATE = np.zeros(6, np.float32)
 BIG = {"top": np.zeros((200, 200, 3), np.uint8)}  # 120,000 bytes of pixels: over LIMIT
 SMALL = {"top": np.zeros((8, 8, 3), np.uint8)}
-
-
-def _wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -92,7 +86,7 @@ def test_the_engine_backs_off_across_reconnects_and_resumes_once_frames_fit(
         engine.start()
         driver.start()
         try:
-            _wait_until(lambda: len(attempts) >= 5)
+            wait_until(lambda: len(attempts) >= 5)
             assert isinstance(engine.last_error, FrameTooLarge) and not engine.healthy
             assert engine.stats.chunks_merged == 0 and engine.stats.errors >= 5
             gaps = np.diff(attempts[:5])
@@ -103,8 +97,8 @@ def test_the_engine_backs_off_across_reconnects_and_resumes_once_frames_fit(
             assert refusals and all(r.levelname == "ERROR" and r.exc_info is None for r in refusals)
 
             images["now"] = SMALL  # the operator shrinks the images: the robot resumes on its own
-            _wait_until(lambda: engine.stats.chunks_merged >= 1)
-            _wait_until(lambda: engine.healthy)
+            wait_until(lambda: engine.stats.chunks_merged >= 1)
+            wait_until(lambda: engine.healthy)
         finally:
             stop_robot.set()
             driver.join(5)

@@ -5,11 +5,11 @@ episode runs on fresh processors. Against a real server, stepping and with the b
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from waiting import wait_until
 
 from rollserve.client import EngineConfig, RemoteInferenceEngine, ServerError
 from rollserve.models.policy import Processors
@@ -20,13 +20,6 @@ from rollserve.server.running import RunningServer, serving
 from rollserve.server.settings import ServerSettings
 
 OBS = {"state": np.zeros(6, np.float32)}
-
-
-def _wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 class CountingPolicy(ChunkPolicy):
@@ -109,20 +102,20 @@ def test_the_background_loop_keeps_retrying_a_refused_reset(
     engine = _engine(running).start()
     try:
         engine.update_observation(OBS)
-        _wait_until(lambda: engine.stats.chunks_merged >= 1)
+        wait_until(lambda: engine.stats.chunks_merged >= 1)
         merged = engine.stats.chunks_merged
         policy.broken.set()
         engine.reset()
         engine.update_observation(OBS)
-        _wait_until(lambda: isinstance(engine.last_error, ServerError))
+        wait_until(lambda: isinstance(engine.last_error, ServerError))
         errors = engine.stats.errors
-        _wait_until(lambda: engine.stats.errors >= errors + 2 or _fed(engine))  # retried, still refused
+        wait_until(lambda: engine.stats.errors >= errors + 2 or _fed(engine))  # retried, still refused
         assert not engine.healthy
         assert engine.stats.chunks_merged == merged  # nothing ran on the old episode's processors
         assert engine.episode_id == 1
 
         policy.broken.clear()
-        _wait_until(lambda: engine.stats.chunks_merged > merged or _fed(engine))
+        wait_until(lambda: engine.stats.chunks_merged > merged or _fed(engine))
         assert engine.healthy
         assert _calls_seen(engine) == 1.0
     finally:

@@ -3,11 +3,11 @@ start did: against a real server, and raising when the server has gone in betwee
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from waiting import wait_until
 
 from rollserve.client import EngineConfig, PolicyConnectionError, RemoteInferenceEngine
 from rollserve.models.simple_policies import ChunkPolicy
@@ -17,13 +17,6 @@ from rollserve.server.running import RunningServer, start_in_thread
 from rollserve.server.settings import ServerSettings
 
 OBS = {"state": np.zeros(6, np.float32)}
-
-
-def _wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -45,7 +38,7 @@ def _run_until_merged(engine: RemoteInferenceEngine, chunks: int) -> None:
         engine.act(OBS)  # a control step: the queue runs low and the loop asks again
         return engine.stats.chunks_merged >= chunks
 
-    _wait_until(fed)
+    wait_until(fed)
 
 
 def test_start_after_stop_connects_again(server: RunningServer) -> None:

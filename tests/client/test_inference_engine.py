@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from waiting import wait_until
 
 from rollserve.client import EngineConfig, LocalInferenceEngine, RemoteInferenceEngine
 from rollserve.client.inference_loop import ChunkRequest, InferenceEngine, SourceInfo
@@ -25,13 +26,6 @@ from rollserve.wire import ActionChunkMsg, MsgHeader
 
 OBS = {"state": np.linspace(0, 1, 6, dtype=np.float32)}
 CHUNK = 20
-
-
-def _wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 class HookedPolicy(ChunkPolicy):
@@ -181,7 +175,7 @@ def test_background_loop_refills_before_the_queue_runs_dry() -> None:
         for step in range(120):
             actions.append(engine.act({"state": np.full(6, step / 100, np.float32)}))
             time.sleep(0.01)
-        _wait_until(lambda: engine.stats.chunks_merged >= 2)
+        wait_until(lambda: engine.stats.chunks_merged >= 2)
     finally:
         engine.stop()
     assert sum(a is not None for a in actions) > CHUNK  # more than one chunk was executed
@@ -211,20 +205,20 @@ def test_remote_engine_reconnects_after_a_server_restart_and_a_lost_session() ->
     driver = threading.Thread(target=robot)
     driver.start()
     try:
-        _wait_until(lambda: engine.stats.chunks_merged >= 1)
+        wait_until(lambda: engine.stats.chunks_merged >= 1)
         running.stop()  # the server goes away...
         service.close()
         service, running = _serve(ChunkPolicy(), port=running.port)  # ...and comes back on the same port
-        _wait_until(lambda: engine.stats.reconnects >= 1)
+        wait_until(lambda: engine.stats.reconnects >= 1)
         merged = engine.stats.chunks_merged
-        _wait_until(lambda: engine.stats.chunks_merged > merged)
+        wait_until(lambda: engine.stats.chunks_merged > merged)
         assert len(service.sessions) == 1
 
         (session_id,) = list(service.sessions._sessions)  # the server forgets the session
         service.sessions.close(session_id)
-        _wait_until(lambda: engine.stats.reconnects >= 2)
+        wait_until(lambda: engine.stats.reconnects >= 2)
         merged = engine.stats.chunks_merged
-        _wait_until(lambda: engine.stats.chunks_merged > merged)
+        wait_until(lambda: engine.stats.chunks_merged > merged)
         assert engine.client.session_epoch == 1  # reopened under the same client uuid
     finally:
         stop_robot.set()
@@ -273,9 +267,9 @@ def test_stop_that_times_out_keeps_the_source_open_until_the_request_returns() -
     engine.stop(timeout=0.05)  # the request is still inside the source
     assert source.closes == 0
     source.release.set()
-    _wait_until(lambda: source.closes == 1)
+    wait_until(lambda: source.closes == 1)
     assert not source.closed_while_busy
-    _wait_until(lambda: _inference_threads() == 0)
+    wait_until(lambda: _inference_threads() == 0)
 
 
 def test_start_after_a_timed_out_stop_never_runs_a_second_loop() -> None:
@@ -290,7 +284,7 @@ def test_start_after_a_timed_out_stop_never_runs_a_second_loop() -> None:
         engine.start()
     assert _inference_threads() == 1
     source.release.set()
-    _wait_until(lambda: _inference_threads() == 0)
+    wait_until(lambda: _inference_threads() == 0)
     engine.start()  # the old thread is gone: a new loop may start
     try:
         assert _inference_threads() == 1
@@ -312,7 +306,7 @@ def test_a_failing_request_is_logged_with_its_traceback_and_exposed(caplog: pyte
         engine.start()
         try:
             engine.update_observation(OBS)
-            _wait_until(lambda: engine.stats.errors >= 1)
+            wait_until(lambda: engine.stats.errors >= 1)
         finally:
             engine.stop()
     assert isinstance(engine.last_error, KeyError) and engine.last_error.args == ("images",)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
 import numpy as np
 import pytest
+from waiting import wait_until
 
 from rollserve.client import EngineConfig, LocalInferenceEngine
 from rollserve.client.inference_loop import ChunkRequest, InferenceEngine, SourceInfo
@@ -16,13 +16,6 @@ from rollserve.rtc import RTCConfig
 from rollserve.wire import ActionChunkMsg, MsgHeader
 
 OBS = {"state": np.linspace(0, 1, 6, dtype=np.float32)}
-
-
-def _wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 class _FlakySource:
@@ -70,16 +63,16 @@ def test_the_engine_is_healthy_again_once_a_request_succeeds_and_last_error_keep
     assert engine.healthy and engine.last_error is None  # nothing failed yet
     engine.start()
     try:
-        _wait_until(_fed(engine, lambda: engine.stats.errors >= 1))
+        wait_until(_fed(engine, lambda: engine.stats.errors >= 1))
         assert not engine.healthy
         failure = engine.last_error
         assert isinstance(failure, ConnectionError)
         source.down.clear()  # the server is back
-        _wait_until(_fed(engine, lambda: engine.healthy))
+        wait_until(_fed(engine, lambda: engine.healthy))
         assert engine.stats.chunks_merged >= 1
         assert engine.last_error is failure  # kept for diagnosis (docs/client.md), not cleared
         source.down.set()  # and down again: unhealthy again
-        _wait_until(_fed(engine, lambda: not engine.healthy))
+        wait_until(_fed(engine, lambda: not engine.healthy))
     finally:
         engine.stop()
 
@@ -97,10 +90,10 @@ def test_a_failed_reconnect_keeps_the_engine_unhealthy() -> None:
     source.down.set()
     engine.start()
     try:
-        _wait_until(_fed(engine, lambda: isinstance(engine.last_error, ConnectionRefusedError)))
+        wait_until(_fed(engine, lambda: isinstance(engine.last_error, ConnectionRefusedError)))
         assert not engine.healthy
         source.down.clear()
-        _wait_until(_fed(engine, lambda: engine.healthy))
+        wait_until(_fed(engine, lambda: engine.healthy))
         assert engine.stats.reconnects >= 1
     finally:
         engine.stop()

@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
+from waiting import wait_until
 
 from rollserve.client import EngineConfig, PolicyClient, RemoteInferenceEngine, SessionRejected
 from rollserve.models.simple_policies import ChunkPolicy
@@ -21,13 +22,6 @@ from rollserve.server.settings import ServerSettings
 
 OBS = {"state": np.zeros(6, np.float32)}
 CAP = 2  # policy websockets per client address in these tests
-
-
-def _wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 def _serve(policy: ChunkPolicy, port: int = 0) -> tuple[PolicyService, RunningServer]:
@@ -90,16 +84,16 @@ def test_failed_starts_leak_nothing_and_never_lock_the_robot_out(
             with pytest.raises(expected):
                 engine.start()
             assert not engine.client.connected
-            _wait_until(lambda: _sockets() <= sockets)  # both ends are closed: the server slot is free
+            wait_until(lambda: _sockets() <= sockets)  # both ends are closed: the server slot is free
         # a closed websocket's threads end just after its socket: waited for, not read at once
-        _wait_until(lambda: _client_threads() <= threads)
+        wait_until(lambda: _client_threads() <= threads)
     engine = RemoteInferenceEngine(_url(server), EngineConfig(), state_dim=6).start()
     try:
         engine.update_observation(OBS)
-        _wait_until(lambda: engine.stats.chunks_merged >= 1)
+        wait_until(lambda: engine.stats.chunks_merged >= 1)
     finally:
         engine.stop()
-    _wait_until(lambda: _client_threads() <= threads)
+    wait_until(lambda: _client_threads() <= threads)
 
 
 def test_connecting_a_connected_client_closes_the_first_connection(server: RunningServer) -> None:
@@ -108,11 +102,11 @@ def test_connecting_a_connected_client_closes_the_first_connection(server: Runni
     client.connect()
     client.connect()
     try:
-        _wait_until(lambda: _client_threads() == threads + 2)  # one connection: recv_events + keepalive
+        wait_until(lambda: _client_threads() == threads + 2)  # one connection: recv_events + keepalive
         assert client.open_session(state_dim=6).accepted
     finally:
         client.close()
-    _wait_until(lambda: _client_threads() == threads)
+    wait_until(lambda: _client_threads() == threads)
 
 
 def test_a_refused_recovery_is_visible_and_retried_until_the_server_accepts(
@@ -134,14 +128,14 @@ def test_a_refused_recovery_is_visible_and_retried_until_the_server_accepts(
     driver = threading.Thread(target=robot)
     driver.start()
     try:
-        _wait_until(lambda: engine.stats.chunks_merged >= 1)
+        wait_until(lambda: engine.stats.chunks_merged >= 1)
         running.stop()
         service.close()
         with caplog.at_level("ERROR", logger="rollserve.client.inference_loop"):
             service, running = _serve(ChunkPolicy(state_dim=7), port=running.port)  # refuses state_dim 6
-            _wait_until(lambda: isinstance(engine.last_error, SessionRejected))
+            wait_until(lambda: isinstance(engine.last_error, SessionRejected))
             errors = engine.stats.errors
-            _wait_until(lambda: engine.stats.errors >= errors + 2)  # still trying; each refusal counts
+            wait_until(lambda: engine.stats.errors >= errors + 2)  # still trying; each refusal counts
         assert "state_dim 6 does not match" in str(engine.last_error)
         assert engine.latency_stats()["errors"] >= errors + 2 and engine.stats.reconnects == 0
         assert any("session refused" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
@@ -149,9 +143,9 @@ def test_a_refused_recovery_is_visible_and_retried_until_the_server_accepts(
         running.stop()  # the operator puts the right policy back: the robot resumes on its own
         service.close()
         service, running = _serve(ChunkPolicy(), port=running.port)
-        _wait_until(lambda: engine.stats.reconnects >= 1)
+        wait_until(lambda: engine.stats.reconnects >= 1)
         merged = engine.stats.chunks_merged
-        _wait_until(lambda: engine.stats.chunks_merged > merged)
+        wait_until(lambda: engine.stats.chunks_merged > merged)
     finally:
         stop_robot.set()
         driver.join(5)
