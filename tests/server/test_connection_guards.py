@@ -4,6 +4,7 @@ connection, idle keep-alive connections closed, and repeated log lines rate-limi
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import time
 from collections.abc import Iterator
@@ -44,6 +45,28 @@ def test_a_connection_holding_half_a_header_is_closed(running: RunningServer) ->
     for sock in socks:
         sock.close()
     assert httpx.get(running.http_url + "/healthz").status_code == 200
+
+
+def test_header_deadlines_are_spread_and_never_early(running: RunningServer) -> None:
+    # connections opened together must not all close (and, from a slowloris, come back) together:
+    # each deadline falls between 1x and 1.5x the configured 0.5 s, never before it
+    opened: dict[socket.socket, float] = {}
+    for _ in range(20):
+        sock = socket.create_connection((running.host, running.port))
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        opened[sock] = time.monotonic()
+    held: dict[socket.socket, float] = {}
+    give_up = time.monotonic() + 10.0
+    while len(held) < len(opened) and time.monotonic() < give_up:
+        readable, _, _ = select.select([s for s in opened if s not in held], [], [], 0.5)
+        for sock in readable:
+            if sock.recv(4096) == b"":
+                held[sock] = time.monotonic() - opened[sock]
+    for sock in opened:
+        sock.close()
+    assert len(held) == len(opened)
+    assert min(held.values()) >= 0.5
+    assert max(held.values()) - min(held.values()) >= 0.1  # 20 draws over a 0.25 s window
 
 
 def test_a_connection_that_never_sends_is_closed(running: RunningServer) -> None:

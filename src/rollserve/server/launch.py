@@ -141,7 +141,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--header-timeout-s",
         type=positive_float,
         default=10.0,
-        help="request headers must arrive within this",
+        help="request headers must arrive within this (the server closes a connection whose headers are "
+        "late at a random point between this and 1.5x it, so connections opened together do not close "
+        "together)",
     )
     limits.add_argument(
         "--keep-alive-s",

@@ -35,7 +35,7 @@ class ServerSettings:
     max_body_bytes: int = 16 * 1024 * 1024  # one REST body (JSON or msgpack)
     max_json_values: int = 65_536  # values in one JSON body: bounds the time json.loads holds the GIL
     # HTTP connections
-    header_timeout_s: float = 10.0  # a request's headers must arrive within this
+    header_timeout_s: float = 10.0  # headers must arrive within this (closed at 1x-1.5x it)
     max_header_bytes: int = 64 * 1024
     keep_alive_timeout_s: float = 5.0  # idle keep-alive connections are closed after this
     max_connections: int = 2048  # open connections and tasks; above it, new requests get 503
