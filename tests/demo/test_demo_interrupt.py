@@ -98,6 +98,27 @@ def test_video_of_a_strategy_that_never_ran_is_skipped(
     out = Console(file=buffer, width=200)
     trace: Any = object()
     labels = {"sync": "synchronous", "rtc": "async + RTC"}
-    artifacts = runner._write_artifacts(config, {"sync": runner.StrategyRun([trace], [], [])}, labels, out)
-    assert artifacts["video"] is None
+    artifacts, cut_short = runner._write_artifacts(
+        config, {"sync": runner.StrategyRun([trace], [], [])}, labels, out
+    )
+    assert artifacts == {"plot": str(tmp_path / "boundaries.png"), "video": None} and not cut_short
     assert "video skipped: interrupted before async + RTC ran" in buffer.getvalue()
+
+
+def test_ctrl_c_while_writing_the_plot_keeps_the_measurements(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the real demo (server, delay proxy, MuJoCo robot), one short episode; Ctrl-C in the plot
+    def interrupted_plot(*args: Any, **kwargs: Any) -> Path:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plots, "plot_boundaries", interrupted_plot)
+    monkeypatch.setattr(runner, "_one_torch_thread", lambda: None)  # leave this process's torch as it is
+    flags = ("--strategies", "sync", "--episodes", "1", "--max-steps", "12", "--delay-ms", "20", "--quiet")
+    config = runner.config_from_args(parse(tmp_path, *flags))
+    buffer = io.StringIO()
+    payload = runner.run_demo(config, Console(file=buffer, width=200))
+    assert payload["interrupted"] is True  # main prints this payload as the JSON line, then exits 130
+    assert payload["plot"] is None and payload["video"] is None
+    assert payload["strategies"]["sync"]["ticks"] == 12
+    assert "plot or video skipped: interrupted" in buffer.getvalue()

@@ -254,7 +254,8 @@ def run_demo(config: DemoConfig, out: Console) -> dict[str, Any]:
         f"{config.fps:.0f} Hz{' (interrupted: finished strategies only)' if interrupted else ''}"
     )
     out.print(results_table(results, labels, title))
-    artifacts = _write_artifacts(config, runs, labels, out)
+    artifacts, cut_short = _write_artifacts(config, runs, labels, out)
+    interrupted = interrupted or cut_short
     return {
         "demo": "rollserve",
         "policy": config.policy,
@@ -294,7 +295,26 @@ def print_line(out: Console, text: str) -> None:
 
 def _write_artifacts(
     config: DemoConfig, runs: dict[str, StrategyRun], labels: dict[str, str], out: Console
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], bool]:
+    """The plot and the optional video, and whether Ctrl-C cut them short: the table is out by
+    then, and the measurements (minutes of them) still go in the JSON line."""
+    artifacts: dict[str, Any] = {"plot": None, "video": None}
+    try:
+        _plot_and_video(config, runs, labels, out, artifacts)
+    except KeyboardInterrupt:
+        print_line(out, "plot or video skipped: interrupted")
+        return artifacts, True
+    return artifacts, False
+
+
+def _plot_and_video(
+    config: DemoConfig,
+    runs: dict[str, StrategyRun],
+    labels: dict[str, str],
+    out: Console,
+    artifacts: dict[str, Any],
+) -> None:
+    """Fill ``artifacts`` with each path as soon as its file is written."""
     from rollserve.demo.plots import plot_boundaries
     from rollserve.demo.video import write_video
 
@@ -303,8 +323,8 @@ def _write_artifacts(
         first, labels, config.out / "boundaries.png",
         title=f"actions around chunk boundaries, +{config.delay_ms:.0f} ms round trip",
     )  # fmt: skip
+    artifacts["plot"] = str(plot)
     print_line(out, f"plot: {plot}")
-    video = None
     if config.video is not None and config.video_strategy not in first:
         print_line(out, f"video skipped: interrupted before {labels[config.video_strategy]} ran")
     elif config.video is not None:
@@ -315,8 +335,8 @@ def _write_artifacts(
         except Exception as exc:  # no usable GL on this machine: keep the results, say why
             print_line(out, f"video skipped: {type(exc).__name__}: {exc} (see docs/sim.md, rendering)")
         else:
+            artifacts["video"] = str(video)
             print_line(out, f"video ({labels[config.video_strategy]}, seed {trace.seed}): {video}")
-    return {"plot": str(plot), "video": None if video is None else str(video)}
 
 
 def main(args: argparse.Namespace) -> int:
