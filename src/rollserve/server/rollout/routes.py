@@ -474,10 +474,43 @@ def _render_plain(body: dict[str, Any], status: int, raw: bool) -> Response:
 
 
 def _validation_message(exc: ValidationError) -> str:
-    """A short, input-free summary (pydantic's own text would echo the client's data back)."""
-    parts = []
-    for err in exc.errors(include_url=False, include_input=False, include_context=False)[:5]:
-        where = ".".join(str(p) for p in err["loc"]) or "body"
-        parts.append(f"{where}: {err['msg']}")
-    more = exc.error_count() - len(parts)
-    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+    """A short, input-free summary (pydantic's own text would echo the client's data back).
+
+    A field that takes one of several types (``gripper_position``: a number or a list) fails once
+    per type; where one of them took the value and found it wrong (not finite), the others' "not a
+    list" / "not a number" are noise and are left out, and pydantic's names for the types
+    (``function-after[_float32(), float]``) never appear in the path."""
+    errors = exc.errors(include_url=False, include_input=False, include_context=False)
+    paths = [_field_path(err["loc"]) for err in errors]
+    judged = {union for (union, _), err in zip(paths, errors, strict=True) if union and not _wrong_type(err)}
+    parts = [
+        f"{where or 'body'}: {err['msg']}"
+        for (union, where), err in zip(paths, errors, strict=True)
+        if not (union in judged and _wrong_type(err))
+    ]
+    shown = parts[:5]
+    more = len(parts) - len(shown)
+    return "; ".join(shown) + (f" (and {more} more)" if more > 0 else "")
+
+
+def _field_path(loc: tuple[int | str, ...]) -> tuple[str, str]:
+    """(the path of the union the error came from, or ""; the error's path without type names).
+    pydantic puts a union member's name (``float``, ``list[...]``, ``function-after[...]``) in
+    ``loc`` right after the field; no field of these bodies is named like one."""
+    kept: list[str] = []
+    union = ""
+    for part in loc:
+        if isinstance(part, str) and ("[" in part or part in _TYPE_NAMES):
+            union = union or ".".join(kept)
+            continue
+        kept.append(str(part))
+    return union, ".".join(kept)
+
+
+_TYPE_NAMES = frozenset({"int", "float", "str", "bool", "bytes", "list", "dict", "none", "None"})
+
+
+def _wrong_type(err: Any) -> bool:
+    """An error saying the value is not of a member's type (as opposed to a value found wrong)."""
+    kind = err["type"]
+    return kind.endswith(("_type", "_parsing")) or kind in ("none_required", "is_instance_of")
