@@ -11,16 +11,13 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from chunk_server import serving_chunk_policy
 from waiting import wait_until
 
 from rollserve.client import EngineConfig, PolicyClient, RemoteInferenceEngine, ServerError
 from rollserve.client.policy_client import FrameTooLarge
 from rollserve.client.remote_engine import RemoteChunkSource
-from rollserve.models.simple_policies import ChunkPolicy
-from rollserve.server.app import create_app
-from rollserve.server.policy.service import PolicyService
-from rollserve.server.running import RunningServer, serving
-from rollserve.server.settings import ServerSettings
+from rollserve.server.running import RunningServer
 from rollserve.wire import WireLimits
 
 LIMIT = 64 * 1024  # the server's frame limit in these tests
@@ -31,8 +28,7 @@ SMALL = {"top": np.zeros((8, 8, 3), np.uint8)}
 
 @pytest.fixture
 def server() -> Iterator[RunningServer]:
-    settings = ServerSettings(max_batch_wait_ms=0.0, limits=WireLimits(max_frame_bytes=LIMIT))
-    with serving(create_app(settings, policy=PolicyService(ChunkPolicy(), settings))) as running:
+    with serving_chunk_policy(WireLimits(max_frame_bytes=LIMIT)) as running:
         yield running
 
 

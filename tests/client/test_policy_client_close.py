@@ -4,67 +4,22 @@ dropped without one. A TCP proxy in front of a real server stands for the dead l
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from chunk_server import serving_chunk_policy
+from tcp_proxies import FreezableProxy
 
 from rollserve.client import PolicyClient
-from rollserve.models.simple_policies import ChunkPolicy
-from rollserve.server.app import create_app
-from rollserve.server.policy.service import PolicyService
-from rollserve.server.running import RunningServer, serving
-from rollserve.server.settings import ServerSettings
+from rollserve.server.running import RunningServer
 
 STATE = np.zeros(6, np.float32)
 
 
-class FreezableProxy:
-    """Forwards one TCP connection to ``target``; once ``frozen`` is set it forwards nothing more in
-    either direction and counts the bytes the client still sends. ``client_closed`` is set when the
-    client's side of the connection ends."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.frozen = threading.Event()
-        self.client_closed = threading.Event()
-        self.sent_while_frozen = 0
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._sockets: list[socket.socket] = [self._listener]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        with contextlib.suppress(OSError):
-            client, _ = self._listener.accept()
-            upstream = socket.create_connection(self.target)
-            self._sockets += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket, from_client: bool) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                if not self.frozen.is_set():
-                    sink.sendall(data)
-                elif from_client:
-                    self.sent_while_frozen += len(data)
-        if from_client:
-            self.client_closed.set()
-
-    def close(self) -> None:
-        for sock in self._sockets:
-            with contextlib.suppress(OSError):
-                sock.close()
-
-
 @pytest.fixture
 def server() -> Iterator[RunningServer]:
-    settings = ServerSettings(max_batch_wait_ms=0.0)
-    with serving(create_app(settings, policy=PolicyService(ChunkPolicy(), settings))) as running:
+    with serving_chunk_policy() as running:
         yield running
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -122,8 +124,12 @@ class PolicyClient:
         self.ack: SessionAck | None = None
         self.dropped_replies = 0
         self._ws: ClientConnection | None = None
+        self._watchdog: _SendWatchdog | None = None  # bounds each send on ``_ws`` by ``timeout``
         self._next_seq = 0
-        self._sent_bytes = 0  # size of the last message sent, for a frame-limit refusal's message
+        self._sent_bytes = 0  # size of the last message sent, for a send timeout's message
+        # The largest message sent on this connection, for a frame-limit refusal's message: the refused
+        # one need not be the last (a reset right after an observation is refused for the observation).
+        self._largest_sent = 0
         self._unresponsive = False  # the connection broke, or a wait timed out with nothing received since
 
     # -- connection -------------------------------------------------------------------------------
@@ -143,6 +149,8 @@ class PolicyClient:
             raise PolicyConnectionError(f"{self.url} refused the connection: HTTP {status}{hint}") from None
         except (OSError, TimeoutError, websockets.exceptions.WebSocketException) as exc:
             raise PolicyConnectionError(f"cannot connect to {self.url}: {exc}") from exc
+        self._watchdog = _SendWatchdog(self._ws)
+        self._largest_sent = 0
         return self
 
     @property
@@ -156,24 +164,32 @@ class PolicyClient:
     def close(self) -> None:
         """Close the session (best effort) and the connection.
 
-        The close handshake waits at most ``min(timeout, 1 s)`` for the server. After a broken
+        The goodbye and the close handshake wait at most ``min(timeout, 1 s)`` together. After a broken
         connection or a reply timeout with nothing heard since, the socket is dropped without a
         handshake: a server that did not answer would not answer the close either."""
         if self._ws is None:
             return
         ws, self._ws = self._ws, None
-        if self._unresponsive:
+        watchdog, self._watchdog = self._watchdog, None
+        if self._unresponsive or watchdog is None:
             _drop(ws)
         else:
-            self._close_gracefully(ws)
+            self._close_gracefully(ws, watchdog)
+        if watchdog is not None:
+            watchdog.stop()
         self._unresponsive = False
         self.ack = None
 
-    def _close_gracefully(self, ws: ClientConnection) -> None:
-        """Tell the server the session ends, then the close handshake (bounded by close_timeout)."""
+    def _close_gracefully(self, ws: ClientConnection, watchdog: _SendWatchdog) -> None:
+        """Tell the server the session ends, then the close handshake: both within one close wait
+        (``min(timeout, 1 s)``), as a server that stopped reading would block the goodbye's send too."""
+        wait = min(self.timeout, MAX_CLOSE_WAIT_S)
+        deadline = time.monotonic() + wait
         if self.ack is not None:
+            goodbye = encode_message(CloseMsg(header=MsgHeader(session_epoch=self.session_epoch)))
             with contextlib.suppress(OSError, websockets.exceptions.WebSocketException):
-                ws.send(encode_message(CloseMsg(header=MsgHeader(session_epoch=self.session_epoch))))
+                watchdog.send(goodbye, wait)
+            ws.close_timeout = max(0.0, deadline - time.monotonic())  # what is left for the handshake
         with contextlib.suppress(OSError, websockets.exceptions.WebSocketException):
             ws.close()  # may already be broken: nothing left to close then
 
@@ -291,25 +307,36 @@ class PolicyClient:
         return self._next_seq
 
     def _send(self, msg: Message) -> None:
-        if self._ws is None:
+        """Send within ``timeout``: a server that stops reading would otherwise block the send until
+        TCP gives up (minutes), once the socket buffers are full."""
+        if self._ws is None or self._watchdog is None:
             raise PolicyConnectionError("not connected")
         data = encode_message(msg)
         self._sent_bytes = len(data)
+        self._largest_sent = max(self._largest_sent, len(data))
         try:
-            self._ws.send(data)
+            self._watchdog.send(data, self.timeout)
         except (OSError, websockets.exceptions.WebSocketException) as exc:
             raise self._lost(exc) from exc
+        if self._watchdog.fired:  # the send ended as the socket was shut down: the connection is gone
+            raise self._lost(ConnectionError("the connection was shut down"))
 
     def _lost(self, exc: BaseException) -> Exception:
         """The error for a connection that broke: :class:`FrameTooLarge` if the server closed it on a
         message over its frame limit (1009), else :class:`PolicyConnectionError`."""
         self._unresponsive = True
+        if self._watchdog is not None and self._watchdog.fired:
+            return PolicyConnectionError(
+                f"connection to {self.url} lost: sending {self._sent_bytes} bytes took longer than the"
+                f" timeout ({self.timeout:g} s), so the server stopped reading; the connection was shut down"
+            )
         close = getattr(exc, "rcvd", None)
         if close is not None and close.code == MESSAGE_TOO_BIG:
             return FrameTooLarge(
-                f"{self.url} refused a message of {self._sent_bytes} bytes as over its frame limit"
-                f" (--max-frame-mb) and closed the connection (1009: {close.reason or 'no reason given'});"
-                " send smaller observations (fewer or smaller images, jpeg_quality) or raise the limit"
+                f"{self.url} refused a message as over its frame limit (--max-frame-mb; the largest sent on"
+                f" this connection: {self._largest_sent} bytes) and closed the connection"
+                f" (1009: {close.reason or 'no reason given'}); send smaller observations (fewer or smaller"
+                " images, jpeg_quality) or raise the limit"
             )
         return PolicyConnectionError(f"connection to {self.url} lost: {exc}")
 
@@ -331,6 +358,56 @@ class PolicyClient:
             if isinstance(msg, ErrorMsg) and (msg.seq_id is None or msg.seq_id == seq_id):
                 raise ServerError(msg.code, msg.message, msg.seq_id, msg.retryable)
             self.dropped_replies += 1  # a late reply to an older request
+
+
+class _SendWatchdog:
+    """Shuts a connection's socket down when a send outlives its deadline, so that the blocked
+    ``sendall`` raises: against a server that stopped reading it would wait until TCP gives up.
+
+    Not a socket timeout: websockets' reader thread shares the socket, and takes a timeout for an
+    internal error. One thread per connection, woken only when a send's deadline comes before the
+    one it sleeps towards (mostly once per idle spell), so a send costs a few attribute accesses."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.fired = False  # the socket was shut down: a send outlived its deadline
+        self._ws = ws
+        self._deadline: float | None = None  # of the send in progress
+        self._sleeping_until = math.inf  # the deadline the thread waits for
+        self._stopped = False
+        self._wake = threading.Event()
+        threading.Thread(target=self._run, name="rollserve-send-watchdog", daemon=True).start()
+
+    def send(self, data: bytes, limit: float) -> None:
+        """``ws.send(data)``, the socket shut down if it takes more than ``limit`` seconds."""
+        deadline = time.monotonic() + limit
+        self._deadline = deadline  # written before _sleeping_until is read: see _run
+        if deadline < self._sleeping_until and not self._wake.is_set():
+            self._wake.set()
+        try:
+            self._ws.send(data)
+        finally:
+            self._deadline = None
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopped:
+            deadline = self._deadline
+            self._sleeping_until = math.inf if deadline is None else deadline
+            if self._deadline is not deadline:  # a send started meanwhile and saw the old value
+                continue
+            if deadline is not None and deadline <= time.monotonic():
+                self._fire()
+                return
+            self._wake.wait(None if deadline is None else deadline - time.monotonic())
+            self._wake.clear()
+
+    def _fire(self) -> None:
+        self.fired = True
+        with contextlib.suppress(OSError):
+            self._ws.socket.shutdown(socket.SHUT_RDWR)
 
 
 def _drop(ws: ClientConnection) -> None:
