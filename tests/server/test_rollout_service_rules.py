@@ -954,7 +954,7 @@ async def test_step_refusal_messages(service) -> None:
         2,
         1,
         1,
-        0,
+        2,  # the closed session's context length, as its status gives it (it read 0)
     )
 
 

@@ -122,5 +122,5 @@ def _whole(record: dict[str, Any]) -> bool:
 def _unwrap(answer: Any) -> Any:
     if answer[0] == "ok":
         return answer[1]
-    _, code, message, committed = answer
-    raise RolloutError(code, message, committed_step_id=committed)
+    _, code, message, committed, context = answer
+    raise RolloutError(code, message, committed_step_id=committed, context_length=context)

@@ -57,7 +57,7 @@ def view_of(session: RolloutSession) -> View:
 
 
 def _refusal(exc: RolloutError) -> Answer:
-    return ("error", exc.code, exc.message, exc.committed_step_id)
+    return ("error", exc.code, exc.message, exc.committed_step_id, exc.context_length)
 
 
 class SessionTable:

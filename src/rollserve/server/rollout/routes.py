@@ -75,7 +75,8 @@ Body = TypeVar("Body", bound=BaseModel)
 
 
 class _NoBody(BaseModel):
-    """Routes that take no body accept (and ignore) an empty map."""
+    """Routes that take no body (close, status) ignore whatever body comes, as vLLM-Omni's do:
+    read within the body limits, never parsed."""
 
 
 ROUTE_PREFIX = "/v1/realtime"
@@ -99,6 +100,8 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
     def parse(data: bytes, media: str, body_model: type[Body], route: str) -> tuple[Any, Body]:
         """Bytes to a validated request (raw map kept for error replies). Runs on a worker thread
         for big bodies; raises ``_Refused`` carrying the raw map when it got that far."""
+        if body_model is _NoBody:
+            return {}, _NoBody()  # type: ignore[return-value]
         parsed = _decode(data, media, limits, json_values)
         try:
             if route == "batch_step":

@@ -371,6 +371,7 @@ class RolloutService:
                 episode = partial(_reset_commit, out.state, obs, seeds, frames)
                 if await self._commit_reset(session, episode, drawn_from):
                     break
+            self._touch(session)  # idle time counts from the end of the last request
         return ResetSessionResponse(
             session_id=session_id,
             committed_step_id=-1,
@@ -423,7 +424,8 @@ class RolloutService:
         try:
             session = await self.store.open(session_id)
         except RolloutError as exc:
-            return self._refused(req.step_id, exc.code, exc.message, exc.committed_step_id, 0)
+            committed, context = exc.committed_step_id, exc.context_length
+            return self._refused(req.step_id, exc.code, exc.message, committed, context)
         finally:
             await self._count_sessions()  # a lookup may expire idle sessions
         async with session.lock:
@@ -454,7 +456,9 @@ class RolloutService:
             try:
                 sessions[i] = await self.store.open(item.session_id)
             except RolloutError as exc:
-                answers[i] = self._refused(item.step_id, exc.code, exc.message, exc.committed_step_id, 0)
+                answers[i] = self._refused(
+                    item.step_id, exc.code, exc.message, exc.committed_step_id, exc.context_length
+                )
         held: list[asyncio.Lock] = []
         try:
             for i in sorted(sessions, key=lambda k: sessions[k].session_id):  # one global order: no deadlock

@@ -29,11 +29,14 @@ import numpy as np
 class RolloutError(Exception):
     """A rollout request that cannot be served; ``code`` is the API error code clients see."""
 
-    def __init__(self, code: str, message: str, *, committed_step_id: int = -1) -> None:
+    def __init__(
+        self, code: str, message: str, *, committed_step_id: int = -1, context_length: int = 0
+    ) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.committed_step_id = committed_step_id
+        self.context_length = context_length  # of a retired session: what a refused step reports
 
 
 @dataclass(frozen=True)
@@ -334,4 +337,6 @@ def closed_error(session: RolloutSession) -> RolloutError:
     """``session_closed`` or ``session_expired`` for a retired session, with its last committed step."""
     code = "session_expired" if session.closed_reason == "expired" else "session_closed"
     message = f"session {session.session_id!r} is {session.closed_reason}"
-    return RolloutError(code, message, committed_step_id=session.committed_step_id)
+    return RolloutError(
+        code, message, committed_step_id=session.committed_step_id, context_length=session.context_length
+    )
