@@ -71,6 +71,7 @@ MODULES: dict[str, CoreModule] = {
             "tests/server/test_rollout_batch_item_validation.py",
             "tests/scale/test_shared_store.py",
             "tests/scale/test_shared_store_forks.py",
+            "tests/server/test_rollout_idle_clock_after_slow_requests.py",
         ),
     ),
     "auth": CoreModule(("src/rollserve/server/auth.py",), ("tests/server/test_auth.py",)),
