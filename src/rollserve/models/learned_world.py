@@ -22,7 +22,14 @@ import torch
 from torch import nn
 
 from rollserve.models.net_checkpoint import load_net_weights, read_net_config, save_net
-from rollserve.models.world import DROID_ACTION_NAMES, WorldInit, WorldOutput, WorldSpec, WorldStep
+from rollserve.models.world import (
+    DROID_ACTION_NAMES,
+    WorldInit,
+    WorldOutput,
+    WorldSpec,
+    WorldStep,
+    per_item,
+)
 
 FORMAT = "rollserve.world_model"
 FORMAT_VERSION = 1
@@ -218,18 +225,18 @@ class LearnedWorld:
         self._high = np.asarray(cfg.action_high, dtype=np.float32) if cfg.action_high else None
 
     def initial_states(self, inits: Sequence[WorldInit]) -> list[WorldOutput | BaseException]:
-        outs: list[WorldOutput | BaseException] = []
-        for init in inits:
-            if init.state is not None:
-                obs = np.asarray(init.state, dtype=np.float32).reshape(-1)
-                if obs.shape != (self.config.state_dim,) or not np.all(np.isfinite(obs)):
-                    outs.append(ValueError(f"a start state has {self.config.state_dim} finite values"))
-                    continue
-            else:
-                obs = self.config.start.sample(init.seed)  # type: ignore[union-attr]
-            state = LearnedState.of(obs, np.zeros_like(obs))
-            outs.append(WorldOutput(state=state, observation=state.observation))
-        return outs
+        return per_item(self._initial, inits)
+
+    def _initial(self, init: WorldInit) -> WorldOutput:
+        if init.state is not None:
+            obs = np.asarray(init.state, dtype=np.float32).reshape(-1)
+            if obs.shape != (self.config.state_dim,) or not np.all(np.isfinite(obs)):
+                raise ValueError(f"a start state has {self.config.state_dim} finite values")
+            self.spec.check_start_state(obs)
+        else:
+            obs = self.config.start.sample(init.seed)  # type: ignore[union-attr]
+        state = LearnedState.of(obs, np.zeros_like(obs))
+        return WorldOutput(state=state, observation=state.observation)
 
     def step_batch(self, steps: Sequence[WorldStep]) -> list[WorldOutput | BaseException]:
         if not steps:

@@ -60,6 +60,25 @@ class WorldSpec:
     def serves(self, model: str) -> bool:
         return model == self.name or model in self.aliases
 
+    def check_start_state(self, state: np.ndarray) -> None:
+        """Raise ``ValueError`` unless a client's start state lies within the observation bounds
+        published here (inclusive, as ``observation_space`` is): the first observation would fall
+        outside them, and clamping would start an episode from a state the client did not ask for."""
+        if self.observation_low is None or self.observation_high is None:
+            return
+        low = np.asarray(self.observation_low, dtype=np.float32)
+        high = np.asarray(self.observation_high, dtype=np.float32)
+        outside = np.flatnonzero(~((state >= low) & (state <= high)))
+        if outside.size == 0:
+            return
+        i = int(outside[0])
+        where = f"start state value {state[i]!s} at index {i} ({self.observation_names[i]})"
+        if state[i] < low[i]:
+            raise ValueError(f"{where} is below observation_low {self.observation_low[i]}")
+        if state[i] > high[i]:
+            raise ValueError(f"{where} is above observation_high {self.observation_high[i]}")
+        raise ValueError(f"{where} is not a number")
+
     def describe(self) -> dict[str, Any]:
         """The OpenAI-style ``/v1/models`` entry, with the layouts a client needs to build requests."""
         action: dict[str, Any] = {

@@ -54,6 +54,7 @@ class ToyWorld:
             obs = np.asarray(init.state, dtype=np.float32).reshape(-1)
             if obs.shape != (self.spec.observation_dim,):
                 raise ValueError(f"toy start state must have {self.spec.observation_dim} values")
+            self.spec.check_start_state(obs)
         else:
             rng = np.random.default_rng(init.seed)
             joints = rng.uniform(-0.5, 0.5, 7)
