@@ -9,7 +9,9 @@ render and the observation is a ``Dict``: ``{"state": float32 (S,), "images": {c
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -18,7 +20,15 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from rollserve.client.rollout_client import Observed, RolloutClient, RolloutRequestError, StepCall
+from rollserve.client.rollout_client import (
+    Observed,
+    RolloutClient,
+    RolloutRequestError,
+    StepCall,
+    StepResult,
+)
+
+T = TypeVar("T")
 
 
 def spaces_of(entry: dict[str, Any]) -> tuple[spaces.Box, spaces.Box]:
@@ -67,25 +77,34 @@ GONE = frozenset({"session_expired", "session_closed", "session_not_found"})
 
 
 class _Session:
-    """One remote session as an episode: its id, the next step id and the steps taken."""
+    """One remote session as an episode: its id, the next step id and the steps taken.
+
+    ``pending`` is a step that was sent but never answered (its reply lost past the client's
+    retries): the server may have applied it. The env resends it unchanged before the session's
+    next step, so the trajectory holds it exactly once and the step ids stay in line.
+    """
 
     def __init__(self, client: RolloutClient, model: str, render: dict[str, Any] | None = None) -> None:
         self.client, self.model, self.render = client, model, render
         self.session_id: str | None = None
         self.next_step = 0
         self.elapsed = 0
+        self.pending: StepCall | None = None
+        self.last: Any = None  # the last observation returned, reported again if the session is lost
 
     def reset(self, seed: int | None) -> Any:
         """The first observation: the tensor, or ``{"state", "images"}`` when the session renders.
 
         A session the server no longer holds (say, it idled past the TTL during a long policy
-        update) is replaced by a new one from the same seed, so the env can always reset.
+        update) is replaced by a new one from the same seed, so the env can always reset. A pending
+        step belonged to the old episode: it is dropped.
         """
         observed = self._restart(seed) if self.session_id is not None else None
         if observed is None:
             self.session_id, observed = self.client.open_session(self.model, seed=seed, render=self.render)
-        self.next_step, self.elapsed = 0, 0
-        return observed.tensor if self.render is None else _pixels(observed)
+        self.next_step, self.elapsed, self.pending = 0, 0, None
+        self.last = observed.tensor if self.render is None else _pixels(observed)
+        return self.last
 
     def _restart(self, seed: int | None) -> Observed | None:
         """The restarted session's first observation, or None (and no id) when the server lost it."""
@@ -108,13 +127,25 @@ class _Session:
         assert self.session_id is not None, "reset() before step()"
         return StepCall(self.session_id, self.next_step, action)
 
-    def advance(self) -> None:
+    def send(self, call: StepCall) -> StepResult:
+        """Step once; the call stays pending unless the server answers."""
+        return _sent([self], [call], lambda: self.client.step(call.session_id, call.step_id, call.action))
+
+    def ends(self, result: StepResult, max_episode_steps: int) -> bool:
+        """Whether a step's result, not yet committed, ends the episode."""
+        return result.terminated or self.elapsed + 1 >= max_episode_steps
+
+    def commit(self, result: StepResult) -> Any:
+        """Count a committed step; its observation as the env returns it."""
         self.next_step += 1
         self.elapsed += 1
+        self.last = self.observation(result)
+        return self.last
 
     def close(self) -> None:
         """Close the session; one the server no longer has (expired, closed, or unknown after a
         restart) needs no closing."""
+        self.pending = None
         if self.session_id is not None:
             try:
                 self.client.close_session(self.session_id)
@@ -124,10 +155,41 @@ class _Session:
             self.session_id = None
 
 
+def _sent(sessions: list[_Session], calls: list[StepCall], send: Callable[[], T]) -> T:
+    """``send()``'s answer. Until the server answers (with results, or a refusal: a refused step
+    commits nothing) each call is its session's pending step, so a lost reply leaves it pending."""
+    for session, call in zip(sessions, calls, strict=True):
+        session.pending = call
+    try:
+        answer = send()
+    except RolloutRequestError:
+        _answered(sessions)
+        raise
+    _answered(sessions)
+    return answer
+
+
+def _answered(sessions: list[_Session]) -> None:
+    for session in sessions:
+        session.pending = None
+
+
+LOST = "session_lost"
+"""Info key of a sub-env whose session the server no longer holds: the error code (truncated)."""
+SETTLED = "settled_step"
+"""Info key of a step that reports the settled lost step's episode end: that step's id."""
+
+
 class RolloutEnv(gym.Env[np.ndarray, np.ndarray]):
     """One rollout session as a gymnasium env. ``reset(seed=s)`` is reproducible; an episode is
-    truncated after ``max_episode_steps`` (the world's own horizon by default). A session the server
-    dropped (idle past its TTL, closed) is replaced by a new one at the next ``reset``."""
+    truncated after ``max_episode_steps`` (the world's own horizon by default).
+
+    A session the server dropped (idle past its TTL, closed) truncates the episode: ``step`` returns
+    the last observation, reward 0, ``truncated=True`` and ``info["session_lost"]`` (the code), and
+    the next ``reset`` opens a new session. A ``step`` whose reply was lost past the client's
+    retries raises, but the server may have applied it: the next ``step`` first resends it unchanged
+    (applied at most once), then applies its own action. If that lost step ended the episode, the
+    next ``step`` applies nothing and returns its outcome, with ``info["settled_step"]``."""
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
@@ -164,12 +226,37 @@ class RolloutEnv(gym.Env[np.ndarray, np.ndarray]):
         return self._session.reset(seed), {}
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        call = self._session.call(np.asarray(action, dtype=np.float32))
-        result = self.client.step(call.session_id, call.step_id, call.action)
-        self._session.advance()
+        session = self._session
+        try:
+            settled = self._settle()
+            if settled is not None:
+                return self._outcome(settled, {SETTLED: settled.step_id})
+            result = session.send(session.call(np.asarray(action, dtype=np.float32)))
+        except RolloutRequestError as exc:
+            if exc.code not in GONE:
+                raise
+            return session.last, 0.0, False, True, {LOST: exc.code}
+        return self._outcome(result, {})
+
+    def _settle(self) -> StepResult | None:
+        """Resend the pending (lost) step unchanged and count it; its result if it ended the
+        episode (then this step applies nothing), else None."""
+        session = self._session
+        if session.pending is None:
+            return None
+        result = session.send(session.pending)
+        if session.ends(result, self.max_episode_steps):
+            return result
+        session.commit(result)
+        return None
+
+    def _outcome(
+        self, result: StepResult, extra: dict[str, Any]
+    ) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Commit a step's result and return it as gymnasium's 5-tuple."""
+        obs = self._session.commit(result)
         truncated = self._session.elapsed >= self.max_episode_steps and not result.terminated
-        obs = self._session.observation(result)
-        return obs, result.reward, result.terminated, truncated, dict(result.info)
+        return obs, result.reward, result.terminated, truncated, {**result.info, **extra}
 
     def close(self) -> None:
         try:
@@ -178,6 +265,22 @@ class RolloutEnv(gym.Env[np.ndarray, np.ndarray]):
             if self._owns_client:
                 self.client.close()
         super().close()
+
+
+@dataclass
+class _Outcome:
+    """One vector step's results, filled in sub-env by sub-env."""
+
+    obs: list[Any]
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    infos: dict[str, Any] = field(default_factory=dict)
+    errors: list[RolloutRequestError] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, n: int) -> _Outcome:
+        return cls([None] * n, np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
 
 
 class RolloutVectorEnv(VectorEnv):
@@ -242,32 +345,77 @@ class RolloutVectorEnv(VectorEnv):
         When some items fail, every item that committed (or replayed) still counts: its sub-env
         advances and its episode end is recorded, then the first item's error is raised. Those
         sub-envs' transitions are lost to the caller, but the env stays usable: the next ``step``
-        retries each failed sub-env's step (with the new action) and moves the others on.
+        retries each failed sub-env's step (with the new action) and moves the others on. A sub-env
+        whose session the server no longer holds is no error: it is truncated (last observation,
+        reward 0, ``info["session_lost"]``) and resets, with a new session, on the next ``step``.
+
+        A ``step`` whose reply was lost past the client's retries raises, but the server may have
+        applied it: the next ``step`` first resends those items unchanged (one more ``batch_step``;
+        each applies at most once), then sends the new actions. A sub-env whose episode that lost
+        step ended applies no new action: it reports the lost step's outcome, with
+        ``info["settled_step"]``, and autoresets on the following ``step``.
         """
         actions = np.asarray(actions, dtype=np.float32)
-        n = self.num_envs
-        obs: list[Any] = [None] * n
-        rewards, terminated, truncated = np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-        stepping = [i for i in range(n) if not self._needs_reset[i]]
-        for i in range(n):
+        out = _Outcome.empty(self.num_envs)
+        stepping = self._settle(self._autoreset(out), out)
+        calls = [self._sessions[i].call(actions[i]) for i in stepping]
+        for i, result in zip(stepping, self._send(stepping, calls), strict=True):
+            self._record(i, result, out)
+        if out.errors:
+            raise out.errors[0]
+        return self._batched(out.obs), out.rewards, out.terminated, out.truncated, out.infos
+
+    def _autoreset(self, out: _Outcome) -> list[int]:
+        """Reset the sub-envs whose episode ended (their observation is the new episode's first);
+        the others, which step."""
+        stepping = []
+        for i, session in enumerate(self._sessions):
             if self._needs_reset[i]:
-                obs[i] = self._sessions[i].reset(self._seed(i, None))
+                out.obs[i] = session.reset(self._seed(i, None))
                 self._needs_reset[i] = False
-        results = (
-            self.client.batch_step([self._sessions[i].call(actions[i]) for i in stepping]) if stepping else []
-        )
-        errors = [r for r in results if isinstance(r, RolloutRequestError)]
-        for i, result in zip(stepping, results, strict=True):
-            if isinstance(result, RolloutRequestError):
+            else:
+                stepping.append(i)
+        return stepping
+
+    def _settle(self, stepping: list[int], out: _Outcome) -> list[int]:
+        """Resend the pending (lost) steps unchanged, in one batch, and count them; the sub-envs
+        that step on (those whose lost step ended the episode, or failed, report that instead)."""
+        pending = {i: call for i in stepping if (call := self._sessions[i].pending) is not None}
+        settling, reported = list(pending), set()
+        for i, result in zip(settling, self._send(settling, list(pending.values())), strict=True):
+            session = self._sessions[i]
+            if isinstance(result, StepResult) and not session.ends(result, self.max_episode_steps):
+                session.commit(result)
                 continue
-            self._sessions[i].advance()
-            obs[i] = self._sessions[i].observation(result)
-            rewards[i], terminated[i] = result.reward, result.terminated
-            truncated[i] = self._sessions[i].elapsed >= self.max_episode_steps and not result.terminated
-        self._needs_reset = terminated | truncated
-        if errors:
-            raise errors[0]
-        return self._batched(obs), rewards, terminated, truncated, {}
+            self._record(i, result, out)
+            if isinstance(result, StepResult):
+                self._add_info(out.infos, {SETTLED: result.step_id}, i)
+            reported.add(i)
+        return [i for i in stepping if i not in reported]
+
+    def _send(self, indices: list[int], calls: list[StepCall]) -> list[StepResult | RolloutRequestError]:
+        """One ``batch_step`` of sub-envs ``indices`` (none when empty); the calls stay pending
+        until the server answers."""
+        if not calls:
+            return []
+        sessions = [self._sessions[i] for i in indices]
+        return _sent(sessions, calls, lambda: self.client.batch_step(calls))
+
+    def _record(self, i: int, result: StepResult | RolloutRequestError, out: _Outcome) -> None:
+        """Sub-env ``i``'s part of this step: a committed step, a lost session (truncated, reset on
+        the next step), or an error (raised once every sub-env is recorded)."""
+        session = self._sessions[i]
+        if isinstance(result, RolloutRequestError):
+            if result.code not in GONE:
+                out.errors.append(result)
+                return
+            out.obs[i], out.truncated[i] = session.last, True
+            self._add_info(out.infos, {LOST: result.code}, i)
+        else:
+            out.obs[i] = session.commit(result)
+            out.rewards[i], out.terminated[i] = result.reward, result.terminated
+            out.truncated[i] = session.elapsed >= self.max_episode_steps and not result.terminated
+        self._needs_reset[i] = out.terminated[i] or out.truncated[i]
 
     def _batched(self, obs: list[Any]) -> Any:
         """Per-env observations stacked as the batched space lays them out."""
