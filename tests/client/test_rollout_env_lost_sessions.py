@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+from manual_clock import Clock
 
 from rollserve.client.rollout_env import RolloutEnv, RolloutVectorEnv
 from rollserve.models.worlds import ToyWorld
@@ -23,16 +24,6 @@ from rollserve.server.running import serving
 from rollserve.server.settings import ServerSettings
 
 TTL_S = 60.0
-
-
-class Clock:
-    """The service's idle clock, moved by the test."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from manual_clock import Clock
 
 from rollserve.client.rollout_client import RolloutClient, RolloutRequestError
 from rollserve.client.rollout_env import RolloutEnv, RolloutVectorEnv
@@ -28,16 +29,6 @@ from rollserve.server.running import serving
 from rollserve.server.settings import ServerSettings
 
 TTL_S = 60.0
-
-
-class Clock:
-    """The service's idle clock, moved by the test."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def serve(world: Any, clock: Clock | None = None) -> Iterator[str]:

@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 
 import httpx
+from manual_clock import Clock
 
 from rollserve.models.world import WorldInit, WorldOutput
 from rollserve.models.worlds import ToyWorld
@@ -25,14 +26,6 @@ SESSIONS = "/v1/realtime/sessions"
 ACTION = {"joint_positions": [0.1] * 7, "gripper_position": 0.5}
 TTL = 60.0
 SLOW_START_S = 0.9 * TTL  # how long a fresh start takes in the world below, by the service's clock
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class SlowStartWorld(ToyWorld):

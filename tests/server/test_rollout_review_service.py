@@ -19,6 +19,7 @@ import httpx
 import msgpack
 import numpy as np
 import pytest
+from manual_clock import Clock
 from prometheus_client.parser import text_string_to_metric_families
 
 from rollserve.client.rollout_client import decode_observation
@@ -45,14 +46,6 @@ MSGPACK = {"content-type": "application/msgpack", "accept": "application/msgpack
 TTL = 60.0
 BAD_SEED = 13  # a start the world fails
 BROKEN = 0.625  # a first joint the world's step fails on
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class CountingWorld(ToyWorld):

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import httpx
 import numpy as np
 import pytest
+from manual_clock import Clock
 
 from rollserve.engine import EngineClosed
 from rollserve.models.worlds import ToyWorld
@@ -49,14 +50,6 @@ def doc_table() -> dict[tuple[str, str], dict[str, int]]:
             for route in (r.strip() for r in cells[1].split(",")):
                 rows[(code, route)] = {"vllm-omni": int(cells[2]), "strict": int(cells[3])}
     return rows
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class TestWorld(ToyWorld):

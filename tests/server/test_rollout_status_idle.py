@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Iterator
 
 import httpx
+from manual_clock import Clock
 
 from rollserve.models.worlds import ToyWorld
 from rollserve.server.app import create_app
@@ -21,14 +22,6 @@ from rollserve.server.settings import ServerSettings
 SESSIONS = "/v1/realtime/sessions"
 ACTION = {"joint_positions": [0.1] * 7, "gripper_position": 0.5}
 TTL = 60.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @contextlib.contextmanager

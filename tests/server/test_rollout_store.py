@@ -6,6 +6,7 @@ import asyncio
 
 import numpy as np
 import pytest
+from manual_clock import Clock
 
 from rollserve.server.rollout.store import (
     Commit,
@@ -15,14 +16,6 @@ from rollserve.server.rollout.store import (
     RolloutStore,
     StepRecord,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def session(store: RolloutStore, sid: str | None = None) -> RolloutSession:
@@ -53,7 +46,7 @@ def test_capacity_refuses_new_sessions_but_never_evicts_live_ones() -> None:
 
 
 def test_idle_sessions_expire_and_leave_a_tombstone() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     store = RolloutStore(capacity=1, idle_ttl_s=10.0, clock=clock)
     a = session(store)
     a.committed_step_id = 4
@@ -65,7 +58,7 @@ def test_idle_sessions_expire_and_leave_a_tombstone() -> None:
 
 
 async def test_a_busy_session_does_not_expire() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     store = RolloutStore(capacity=2, idle_ttl_s=10.0, clock=clock)
     a = session(store)
     async with a.lock:  # a step is waiting on the model
@@ -124,7 +117,7 @@ def test_refusals_name_the_session_and_the_capacity() -> None:
 
 
 def test_expiry_is_strictly_after_the_ttl_and_frees_a_slot_at_capacity() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     store = RolloutStore(capacity=1, idle_ttl_s=10.0, clock=clock)
     a = session(store, "a")
     a.committed_step_id = 2
@@ -148,7 +141,7 @@ def test_expiry_is_strictly_after_the_ttl_and_frees_a_slot_at_capacity() -> None
 
 
 def test_unforced_sweeps_run_at_most_every_quarter_ttl() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     store = RolloutStore(capacity=4, idle_ttl_s=10.0, clock=clock)
     a, b = session(store, "a"), session(store, "b")
     clock.now = 0.5
@@ -166,7 +159,7 @@ def test_unforced_sweeps_run_at_most_every_quarter_ttl() -> None:
 
 
 def test_a_closed_session_is_not_touched_and_does_not_commit() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     store = RolloutStore(capacity=2, idle_ttl_s=10.0, clock=clock)
     a = session(store, "a")
     store.close("a")
@@ -211,7 +204,7 @@ def test_a_session_cannot_be_added_twice() -> None:
 
 
 def test_a_lookup_between_sweeps_still_expires_an_idle_session() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     store = RolloutStore(capacity=4, idle_ttl_s=10.0, clock=clock)
     a = session(store, "a")
     a.committed_step_id = 1
@@ -235,7 +228,7 @@ def held_bytes(s: RolloutSession) -> int:
 
 
 def test_a_tombstone_keeps_only_what_status_needs() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     store = RolloutStore(capacity=4, idle_ttl_s=10.0, clock=clock)
     images = {"front": np.zeros((64, 64, 3), np.uint8), "wrist": np.zeros((64, 64, 3), np.uint8)}
     frames = Frames(vector=np.zeros(13, np.float32), images=images)
