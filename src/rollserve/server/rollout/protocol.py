@@ -19,6 +19,7 @@ from pydantic import (
     Strict,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from rollserve.wire.errors import WireError
@@ -193,11 +194,20 @@ class RolloutStepResponse(BaseModel):
     replayed: bool = Field(default=False, description="True when this is the stored result of a duplicate.")
 
 
+def _refuse_render(body: Any) -> Any:
+    """Frames are chosen once, at create: a reset or fork keeps the session's choice. Other unknown
+    keys are ignored (as vLLM-Omni does), but a ``render`` here would be a silent no-op."""
+    if isinstance(body, dict) and "render" in body:
+        raise ValueError("render is chosen when a session is created; a reset or fork keeps the session's")
+    return body
+
+
 class ResetSessionRequest(BaseModel):
     """Optional body of ``reset`` (rollserve): where the new episode starts."""
 
     seed: Seed | None = None
     state: FloatList | None = None
+    _no_render = model_validator(mode="before")(_refuse_render)
 
 
 class ResetSessionResponse(BaseModel):
@@ -209,6 +219,7 @@ class ResetSessionResponse(BaseModel):
 
 class ForkSessionRequest(BaseModel):
     session_id: SessionId | None = Field(default=None, description="Id for the new session.")
+    _no_render = model_validator(mode="before")(_refuse_render)
 
 
 class CloseSessionResponse(BaseModel):
