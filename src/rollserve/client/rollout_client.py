@@ -99,9 +99,12 @@ def _array(value: Any) -> Any:
 
 
 def _image(value: Any) -> np.ndarray:
+    """A camera image as a writable array, whatever the codec: a raw msgpack image is a read-only
+    view into the reply (``decode_array``), which in-place ops and ``torch.from_numpy`` refuse, so
+    it is copied; JPEG and JSON images are fresh arrays already and pass as they are."""
     if type(value) is dict and value.get(IMAGE_KEY) is True and type(value.get(b"pixels")) is dict:
         value = {**value, b"pixels": _array(value[b"pixels"])}
-    return decode_any_image(_array(value))
+    return np.require(decode_any_image(_array(value)), requirements="W")
 
 
 def decode_tensor_field(payload: dict[str, Any]) -> np.ndarray:

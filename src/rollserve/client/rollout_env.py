@@ -5,6 +5,8 @@ and a learned world; only the server behind the URL changes. Needs the ``gym`` e
 With ``render={...}`` (cameras, size, JPEG quality; see ``RolloutClient.open_session``) the sessions
 render and the observation is a ``Dict``: ``{"state": float32 (S,), "images": {camera: uint8
 (H, W, 3)}}``, for training from pixels. Without it, the observation is the world's tensor.
+``render_mode="rgb_array"`` (only with ``render``) makes ``render()`` return the first camera's
+frame of the last observation, so gymnasium's ``RecordVideo`` can record episodes.
 """
 
 from __future__ import annotations
@@ -46,6 +48,40 @@ def pixel_spaces_of(entry: dict[str, Any], render: dict[str, Any]) -> tuple[spac
     images = spaces.Dict({name: image for name in render.get("cameras") or cameras})
     observation = spaces.Dict({"state": _box(entry["state"]), "images": images})
     return observation, _box(entry["action"])
+
+
+RGB_ARRAY = "rgb_array"
+
+
+def check_render_mode(render: dict[str, Any] | None, render_mode: str | None) -> None:
+    """Refuse a render mode the env cannot honour: only a rendering session has frames to show."""
+    if render_mode not in (None, RGB_ARRAY):
+        raise ValueError(f"render_mode must be None or {RGB_ARRAY!r}, got {render_mode!r}")
+    if render is None and render_mode is not None:
+        raise ValueError(f"render_mode={render_mode!r} needs a rendering session: pass render={{...}}")
+
+
+def render_metadata(
+    entry: dict[str, Any], render: dict[str, Any] | None, render_mode: str | None
+) -> tuple[dict[str, Any], str | None]:
+    """An env's ``metadata`` render keys and the camera ``render()`` shows (None: it shows none).
+
+    The fps is the world's control rate from its ``/v1/models`` entry, when it publishes one.
+    """
+    if render is None:
+        return {"render_modes": []}, None
+    metadata: dict[str, Any] = {"render_modes": [RGB_ARRAY]}
+    if entry.get("fps"):
+        metadata["render_fps"] = float(entry["fps"])
+    camera = (render.get("cameras") or entry["cameras"])[0] if render_mode else None
+    return metadata, camera
+
+
+def _frame(observation: Any, camera: str) -> np.ndarray:
+    """``camera``'s frame of an observation, copied: the caller may change the observation in place."""
+    if observation is None:
+        raise gym.error.ResetNeeded("call reset() before render()")
+    return np.array(observation["images"][camera], dtype=np.uint8)
 
 
 def _pixels(observed: Observed) -> dict[str, Any]:
@@ -191,7 +227,7 @@ class RolloutEnv(gym.Env[np.ndarray, np.ndarray]):
     (applied at most once), then applies its own action. If that lost step ended the episode, the
     next ``step`` applies nothing and returns its outcome, with ``info["settled_step"]``."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": [RGB_ARRAY]}
 
     def __init__(
         self,
@@ -202,9 +238,13 @@ class RolloutEnv(gym.Env[np.ndarray, np.ndarray]):
         max_episode_steps: int | None = None,
         api_key: str | None = None,
         render: dict[str, Any] | None = None,
+        render_mode: str | None = None,
     ) -> None:
+        check_render_mode(render, render_mode)  # before a client is made
         self.client, self._owns_client, entry = _connect(base_url, client, model, api_key)
         self.model = entry["id"]
+        self.metadata, self._camera = render_metadata(entry, render, render_mode)  # type: ignore[misc]
+        self.render_mode = render_mode
         self.observation_space: spaces.Space[Any]
         if render is None:
             self.observation_space, self.action_space = spaces_of(entry)
@@ -258,6 +298,13 @@ class RolloutEnv(gym.Env[np.ndarray, np.ndarray]):
         truncated = self._session.elapsed >= self.max_episode_steps and not result.terminated
         return obs, result.reward, result.terminated, truncated, {**result.info, **extra}
 
+    def render(self) -> np.ndarray | None:
+        """The last observation's first camera frame (uint8 H x W x 3) with ``render_mode="rgb_array"``;
+        None without a render mode (gymnasium's convention)."""
+        if self._camera is None:
+            return None
+        return _frame(self._session.last, self._camera)
+
     def close(self) -> None:
         try:
             self._session.close()
@@ -294,7 +341,10 @@ class RolloutVectorEnv(VectorEnv):
     seeded run reproduces across autoresets whichever form the seed took.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+    metadata: ClassVar[dict[str, Any]] = {
+        "autoreset_mode": AutoresetMode.NEXT_STEP,
+        "render_modes": [RGB_ARRAY],
+    }
 
     def __init__(
         self,
@@ -306,9 +356,14 @@ class RolloutVectorEnv(VectorEnv):
         max_episode_steps: int | None = None,
         api_key: str | None = None,
         render: dict[str, Any] | None = None,
+        render_mode: str | None = None,
     ) -> None:
+        check_render_mode(render, render_mode)  # before a client is made
         self.client, self._owns_client, entry = _connect(base_url, client, model, api_key)
         self.num_envs = num_envs
+        rendering, self._camera = render_metadata(entry, render, render_mode)
+        self.metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, **rendering}  # type: ignore[misc]
+        self.render_mode = render_mode
         self.single_observation_space: spaces.Space[Any]
         if render is None:
             self.single_observation_space, self.single_action_space = spaces_of(entry)
@@ -426,6 +481,13 @@ class RolloutVectorEnv(VectorEnv):
             "state": np.stack([o["state"] for o in obs]),
             "images": {cam: np.stack([o["images"][cam] for o in obs]) for cam in cameras},
         }
+
+    def render(self) -> tuple[np.ndarray, ...] | None:
+        """Each sub-env's last observation's first camera frame, as ``SyncVectorEnv`` gives its
+        envs' ``render()``; None without a render mode."""
+        if self._camera is None:
+            return None
+        return tuple(_frame(session.last, self._camera) for session in self._sessions)
 
     def _seed(self, i: int, seed: int | None) -> int:
         """Sub-env ``i``'s reset seed: ``seed``, which also reseeds its generator (as ``Env.reset``
