@@ -238,12 +238,18 @@ class VideoWorld:
         cfg = net.config
         check_task_config(cfg)
         self.config = cfg
+        latent_size = int(np.prod(cfg.latent_shape))
         self.spec = WorldSpec(
             name=name,
-            observation_names=tuple(f"z{i}" for i in range(int(np.prod(cfg.latent_shape)))),
+            observation_names=tuple(f"z{i}" for i in range(latent_size)),
             action_names=cfg.action_names,
             action_low=cfg.action_low or None,
             action_high=cfg.action_high or None,
+            # the bounds predict() clamps to, published so clients build finite spaces
+            observation_low=(-LATENT_BOUND,) * latent_size,
+            observation_high=(LATENT_BOUND,) * latent_size,
+            state_low=(-STATE_BOUND,) * cfg.state_dim,
+            state_high=(STATE_BOUND,) * cfg.state_dim,
             fps=cfg.control_hz,
             max_episode_steps=cfg.max_episode_steps,
             description=(

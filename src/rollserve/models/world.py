@@ -28,6 +28,7 @@ class WorldSpec:
     action_low: tuple[float, ...] | None = None
     action_high: tuple[float, ...] | None = None
     observation_low: tuple[float, ...] | None = None
+    """Per value of ``observation_names`` (flat, even when ``observation_shape`` is a tensor's)."""
     observation_high: tuple[float, ...] | None = None
     fps: float = 15.0
     max_episode_steps: int = 200
@@ -43,6 +44,22 @@ class WorldSpec:
     """Shape of ``video_latent`` when it is not the flat ``observation_names`` vector."""
     frame_size: tuple[int, int] | None = None
     """The one (height, width) the world's frames have, or None when a session may choose it."""
+    state_low: tuple[float, ...] | None = None
+    """Bounds of the state vector (``state_layout``) when the observation is not that vector (a
+    latent): a world whose observation is the state needs none, its observation bounds are the
+    state's (see :attr:`state_bounds`)."""
+    state_high: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        """A bound that does not fit its layout would publish a space no observation can be in."""
+        for what, low, high, size in (
+            ("observation", self.observation_low, self.observation_high, self.observation_dim),
+            ("state", self.state_low, self.state_high, len(self.state_layout)),
+        ):
+            if (low is None) != (high is None):
+                raise ValueError(f"{self.name}: {what}_low and {what}_high go together")
+            if low is not None and high is not None and not len(low) == len(high) == size:
+                raise ValueError(f"{self.name}: {what} bounds need {size} values each")
 
     @property
     def observation_dim(self) -> int:
@@ -54,6 +71,25 @@ class WorldSpec:
         return self.state_names or self.observation_names
 
     @property
+    def observation_is_state(self) -> bool:
+        """Whether the observation is the flat state vector itself (not a latent or other tensor)."""
+        return self.observation_shape is None and self.state_layout == self.observation_names
+
+    @property
+    def state_bounds(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """The state vector's (low, high): its own, else the observation's when the observation is
+        the state (one bound for both, so they cannot disagree), else None (unbounded)."""
+        if self.state_low is not None and self.state_high is not None:
+            return self.state_low, self.state_high
+        if (
+            self.observation_is_state
+            and self.observation_low is not None
+            and self.observation_high is not None
+        ):
+            return self.observation_low, self.observation_high
+        return None
+
+    @property
     def action_dim(self) -> int:
         return len(self.action_names)
 
@@ -61,22 +97,24 @@ class WorldSpec:
         return model == self.name or model in self.aliases
 
     def check_start_state(self, state: np.ndarray) -> None:
-        """Raise ``ValueError`` unless a client's start state lies within the observation bounds
-        published here (inclusive, as ``observation_space`` is): the first observation would fall
-        outside them, and clamping would start an episode from a state the client did not ask for."""
-        if self.observation_low is None or self.observation_high is None:
+        """Raise ``ValueError`` unless a client's start state (a state vector) lies within the state
+        bounds published here (inclusive, as ``observation_space`` is): the first observation would
+        fall outside them, and clamping would start an episode from a state the client did not ask
+        for. For a world whose observation is the state these are its observation bounds."""
+        bounds = self.state_bounds
+        if bounds is None:
             return
-        low = np.asarray(self.observation_low, dtype=np.float32)
-        high = np.asarray(self.observation_high, dtype=np.float32)
+        low, high = (np.asarray(b, dtype=np.float32) for b in bounds)
         outside = np.flatnonzero(~((state >= low) & (state <= high)))
         if outside.size == 0:
             return
         i = int(outside[0])
-        where = f"start state value {state[i]!s} at index {i} ({self.observation_names[i]})"
+        kind = "observation" if self.state_low is None else "state"
+        where = f"start state value {state[i]!s} at index {i} ({self.state_layout[i]})"
         if state[i] < low[i]:
-            raise ValueError(f"{where} is below observation_low {self.observation_low[i]}")
+            raise ValueError(f"{where} is below {kind}_low {bounds[0][i]}")
         if state[i] > high[i]:
-            raise ValueError(f"{where} is above observation_high {self.observation_high[i]}")
+            raise ValueError(f"{where} is above {kind}_high {bounds[1][i]}")
         raise ValueError(f"{where} is not a number")
 
     def describe(self) -> dict[str, Any]:
@@ -97,8 +135,8 @@ class WorldSpec:
             "field": "next_observation.video_latent",
         }
         if self.observation_low is not None and self.observation_high is not None:
-            observation["low"] = list(self.observation_low)
-            observation["high"] = list(self.observation_high)
+            observation["low"] = _published(self.observation_low, self.observation_shape)
+            observation["high"] = _published(self.observation_high, self.observation_shape)
         if self.observation_shape is not None:
             observation["shape"] = list(self.observation_shape)
             observation.pop("names")
@@ -112,9 +150,10 @@ class WorldSpec:
                 "dtype": "float32",
                 "field": "next_observation.state",
             }
-            if self.observation_low is not None and self.observation_shape is None:
-                entry_extra["state"]["low"] = list(self.observation_low)
-                entry_extra["state"]["high"] = list(self.observation_high or ())
+            bounds = self.state_bounds
+            if bounds is not None:
+                entry_extra["state"]["low"] = list(bounds[0])
+                entry_extra["state"]["high"] = list(bounds[1])
         return {
             **entry_extra,
             "id": self.name,
@@ -128,6 +167,14 @@ class WorldSpec:
             "observation": observation,
             "action": action,
         }
+
+
+def _published(bound: tuple[float, ...], shape: tuple[int, ...] | None) -> list[Any]:
+    """A bound as ``/v1/models`` publishes it: one value per element, nested in the observation's
+    shape when it has one (so ``np.asarray(low)`` has the shape a client builds its space with)."""
+    if shape is None:
+        return list(bound)
+    return np.asarray(bound, dtype=np.float64).reshape(shape).tolist()
 
 
 @dataclass(frozen=True)
