@@ -18,13 +18,17 @@ import torch
 
 from rollserve.client.rollout_env import RolloutEnv
 from rollserve.models.checkpoint import load_default
-from rollserve.models.worlds import load_world
+from rollserve.models.worlds import WorldLoadError, load_world, world_builder
 from rollserve.server.app import create_app
 from rollserve.server.rollout.service import RolloutService
 from rollserve.server.running import serving
 from rollserve.server.settings import ServerSettings
 
 EXECUTE = 8  # actions played from each predicted chunk before predicting again
+NOISE_STEPS = 1000  # the policy's noise seed is ``seed * NOISE_STEPS + step`` (episodes are shorter)
+# Seeds run from 0 (gymnasium refuses negative ones) to below this: the rollout API takes seeds
+# below 2**63, and the noise seed must fit torch's 64-bit generator.
+SEED_END = min(2**63, (2**64 - NOISE_STEPS) // NOISE_STEPS)
 
 
 def episode_return(env: RolloutEnv, policy, seed: int) -> tuple[float, bool]:  # type: ignore[no-untyped-def]
@@ -33,7 +37,7 @@ def episode_return(env: RolloutEnv, policy, seed: int) -> tuple[float, bool]:  #
     total, steps, done, terminated = 0.0, 0, False, False
     while not done:
         batch = processors.pre({"state": obs["state"] if isinstance(obs, dict) else obs})
-        batch["seed"] = seed * 1000 + steps  # the same policy noise in both worlds
+        batch["seed"] = seed * NOISE_STEPS + steps  # the same policy noise in both worlds
         for action in processors.post(policy.predict_action_chunk(batch))[:EXECUTE]:
             obs, reward, terminated, truncated, _ = env.step(action)
             total, steps, done = total + reward, steps + 1, terminated or truncated
@@ -44,16 +48,33 @@ def episode_return(env: RolloutEnv, policy, seed: int) -> tuple[float, bool]:  #
 
 def main(argv: list[str] | None = None) -> dict[str, list[float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--episodes", type=int, default=5)
-    parser.add_argument("--first-seed", type=int, default=100_000)
+    parser.add_argument("--episodes", type=int, default=5, help="episodes per world (at least 1)")
+    parser.add_argument("--first-seed", type=int, default=100_000, help="episode i: seed first + i")
     parser.add_argument("--worlds", nargs="+", default=["learned", "video", "sim"])
     args = parser.parse_args(argv)
+    _check_args(parser, args)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # reproducible returns; put back after, for whoever called main()
     try:
         return _evaluate(args)
     finally:
         torch.set_num_threads(threads)
+
+
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, before any world loads, what would print ``nan`` or fail at the first reset."""
+    if args.episodes < 1:
+        parser.error(f"argument --episodes: must be at least 1, got {args.episodes}")
+    if args.first_seed < 0 or args.first_seed + args.episodes > SEED_END:
+        parser.error(
+            f"argument --first-seed: seeds first .. first + episodes - 1 must lie in [0, {SEED_END}), "
+            f"got {args.first_seed} .. {args.first_seed + args.episodes - 1}"
+        )
+    for world in args.worlds:  # resolved, not loaded: a typo fails now, not after the other worlds ran
+        try:
+            world_builder(world)
+        except WorldLoadError as exc:
+            parser.error(f"argument --worlds: {exc}")
 
 
 def _evaluate(args: argparse.Namespace) -> dict[str, list[float]]:
