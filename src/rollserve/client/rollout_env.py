@@ -470,6 +470,8 @@ class RolloutVectorEnv(VectorEnv):
             out.obs[i] = session.commit(result)
             out.rewards[i], out.terminated[i] = result.reward, result.terminated
             out.truncated[i] = session.elapsed >= self.max_episode_steps and not result.terminated
+            if result.info:  # the world's own (``success``), batched as gymnasium's vector infos
+                self._add_info(out.infos, dict(result.info), i)
         self._needs_reset[i] = out.terminated[i] or out.truncated[i]
 
     def _batched(self, obs: list[Any]) -> Any:
