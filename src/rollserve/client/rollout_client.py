@@ -28,7 +28,9 @@ from rollserve.wire.msgpack_codec import _refuse_ext as refuse_ext  # the wire's
 from rollserve.wire.tensors import NDARRAY_KEY, decode_array
 
 MSGPACK = "application/msgpack"
-RETRY_STATUSES = frozenset({502, 504})
+# A proxy's 502/504, and 408: the server never got the whole body (``request_timeout``), so the
+# request did not run; resending it is safe, as after a dropped connection.
+RETRY_STATUSES = frozenset({408, 502, 504})
 T = TypeVar("T")
 
 
@@ -316,9 +318,10 @@ class RolloutClient:
         raise AssertionError("unreachable")
 
     def _send(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, dict[str, Any]]:
-        """One HTTP exchange; a 502/504, or a 5xx without a server's error body (:func:`_servers_answer`),
-        counts as a transport failure (rollserve never answers 502/504; its other 5xx carry a typed
-        body, in either mode, and vLLM-Omni's carry FastAPI's or vLLM's).
+        """One HTTP exchange; a 408/502/504, or a 5xx without a server's error body (:func:`_servers_answer`),
+        counts as a transport failure (rollserve never answers 502/504, and its 408 means the body
+        never arrived whole; its other 5xx carry a typed body, in either mode, and vLLM-Omni's carry
+        FastAPI's or vLLM's).
 
         The request goes straight to the transport: these calls need no redirects, cookies or auth
         flows, and skipping ``httpx.Client``'s layers saves ~0.15 ms of client CPU per request.
