@@ -25,14 +25,19 @@ attackers spent (on one machine the attackers' own CPU competes with the healthy
 machines: the input rate and the server's CPU per input are reported as before, to compare).
 
 Meanwhile one healthy robot (session protocol, one request every ``--interval-ms``) and one healthy
-trainer (rollout steps at the same pace) measure their round trips, first with the server idle
-(``--idle-seconds``: long enough, about 2,600 requests each at the defaults, for the idle p99 to
-settle; 10 s of it moved by 1.5x from run to run), then under attack, then idle again once the
-attack is over (``--recovery-seconds``: the server must be back to its idle p99, reported beside
-the others). The one JSON line printed at the end: ``crashes`` (server exits, ``internal``
-errors, healthy requests that failed), ``traceback_leaks`` (replies quoting code), RSS over the
-idle baseline (peak and at the end) against ``rss_bound_mb``, and each healthy client's p99 under
-attack against idle. Bounded in count and time (``--max-seconds``); 127.0.0.1 only.
+trainer (rollout steps at the same pace) time every round trip, in interleaved rounds: an idle window
+(``--idle-seconds``), then attack windows of ``--attack-window-s`` with the attack paused for
+``--pause-s`` between them (the attackers park at a gate; an idle window starts only once every input
+sent was answered and the slowloris sockets are closed, and its first ``--settle-s`` are left out),
+and a last idle window once the attack is over (``--recovery-seconds``: the server must be back to its
+idle p99). A load change on the shared machine then hits the idle and the attack samples alike (one
+60 s idle baseline before a 15 minute attack moved the ratio by more than a round of fixes). The one
+JSON line printed at the end: ``crashes`` (server exits, ``internal`` errors, healthy requests that
+failed), ``traceback_leaks`` (replies quoting code), RSS over the idle baseline (peak and at the end)
+against ``rss_bound_mb``, and each healthy client's p99 under attack against idle: ``ratio``, every
+attack window's requests against every idle window's, and ``rounds``, each attack window against the
+idle windows on either side of it (median, min, max). Bounded in count and attack time
+(``--max-seconds``); 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -255,7 +260,38 @@ def _in_threads(stats: dict[str, Any], connections: int, work: Any) -> None:
     stats["nice"] = os.nice(0)  # the priority it ran at (--attacker-nice)
 
 
-_DEADLINE = [float("inf")]  # time.time() after which attackers stop (set in each attacker process)
+class Gate:
+    """The soak's hand on its attacker processes, for interleaved rounds: ``go`` is set during attack
+    windows and cleared in the pauses between them, ``halt`` ends the attack, and ``in_flight`` counts
+    inputs sent and not yet answered, so an idle window starts only once nothing hostile is left in
+    the server."""
+
+    def __init__(self, context: Any) -> None:
+        self.go, self.halt, self.in_flight = context.Event(), context.Event(), context.Value("i", 0)
+
+    def enter(self) -> bool:
+        """Wait for an attack window and count one input in flight; False once the attack is over.
+        Counted before ``go`` is read, so a pause that sees nothing in flight sees everything sent."""
+        while not self.halt.is_set():
+            self._add(1)
+            if self.go.is_set():
+                return True
+            self._add(-1)
+            self.go.wait(0.5)
+        return False
+
+    def leave(self) -> None:
+        self._add(-1)
+
+    def idle(self) -> bool:
+        return self.in_flight.value == 0
+
+    def _add(self, n: int) -> None:
+        with self.in_flight.get_lock():
+            self.in_flight.value += n
+
+
+_GATE: list[Gate | None] = [None]  # set in each attacker process; None: always sending
 
 
 def _at_start_line(start: Any) -> None:
@@ -268,12 +304,21 @@ def _at_start_line(start: Any) -> None:
 def _my_share(
     inputs: list[tuple[str, Any, int]], count: int, share: int, of: int
 ) -> Iterator[tuple[str, Any]]:
-    """Connection ``share`` of ``of`` sends every ``of``-th input of the one schedule, until the deadline."""
+    """Connection ``share`` of ``of`` sends every ``of``-th input of the one schedule, during attack
+    windows only, until the attack is halted."""
+    gate = _GATE[0]
     for n, item in enumerate(_schedule(inputs, count)):
-        if time.time() > _DEADLINE[0]:
-            return
-        if n % of == share:
+        if n % of != share:
+            continue
+        if gate is None:
             yield item
+            continue
+        if not gate.enter():
+            return
+        try:
+            yield item  # the caller sends it and reads the answer before asking for the next
+        finally:
+            gate.leave()
 
 
 def _ws_connection(
@@ -330,18 +375,18 @@ def _openpi_metadata(ws: Any) -> Any:
 
 
 def attack_session(
-    base_ws: str, count: int, out: Any, connections: int = 1, deadline: float = 1e18, start: Any = None
+    base_ws: str, count: int, out: Any, connections: int = 1, gate: Gate | None = None, start: Any = None
 ) -> None:
-    _DEADLINE[0] = deadline
+    _GATE[0] = gate
     url, inputs = f"{base_ws}/v1/policy/ws", session_inputs()
     _at_start_line(start)
     _ws_attack("session_ws", url, inputs, count, _open_session, out, connections)
 
 
 def attack_openpi(
-    base_ws: str, count: int, out: Any, connections: int = 1, deadline: float = 1e18, start: Any = None
+    base_ws: str, count: int, out: Any, connections: int = 1, gate: Gate | None = None, start: Any = None
 ) -> None:
-    _DEADLINE[0] = deadline
+    _GATE[0] = gate
     inputs = openpi_inputs()
     _at_start_line(start)
     _ws_attack("openpi_ws", f"{base_ws}/", inputs, count, _openpi_metadata, out, connections)
@@ -353,10 +398,10 @@ def attack_rest(
     model: str,
     out: Any,
     connections: int = 1,
-    deadline: float = 1e18,
+    gate: Gate | None = None,
     start: Any = None,
 ) -> None:
-    _DEADLINE[0] = deadline
+    _GATE[0] = gate
     stats: dict[str, Any] = {
         "surface": "rest",
         "connections": connections,
@@ -400,13 +445,27 @@ def _half_header(port: int) -> socket.socket:
     return sock
 
 
-def hold_slowloris(port: int, count: int, stop: threading.Event) -> dict[str, int]:
-    """``count`` connections holding half a header for the whole run: each one the server closes
-    (its header deadline) is opened again at once, as a slowloris attacker does. Returns how many
-    were opened and how many of them the server closed (those still open at the end are checked)."""
-    socks = [_half_header(port) for _ in range(count)]
-    opened, closed = count, 0
+def hold_slowloris(
+    port: int, count: int, stop: threading.Event, pause: threading.Event, parked: threading.Event
+) -> dict[str, int]:
+    """``count`` connections holding half a header through every attack window: each one the server
+    closes (its header deadline) is opened again at once, as a slowloris attacker does. While
+    ``pause`` is set (the idle windows) all of them are closed from this side and ``parked`` is set.
+    Returns how many were opened, how many of them the server closed and how many the pauses closed
+    (those still open at the end are checked)."""
+    socks: list[socket.socket] = []
+    opened = closed = paused_closed = 0
     while not stop.wait(0.1):
+        if pause.is_set():
+            for sock in socks:
+                sock.close()
+            paused_closed, socks = paused_closed + len(socks), []
+            parked.set()
+            continue
+        parked.clear()
+        if not socks:
+            socks = [_half_header(port) for _ in range(count)]
+            opened += count
         readable, _, _ = select.select(socks, [], [], 0)
         for sock in readable:  # the server's close (or anything else it sent) ends this one
             with contextlib.suppress(OSError):
@@ -420,22 +479,30 @@ def hold_slowloris(port: int, count: int, stop: threading.Event) -> dict[str, in
         with contextlib.suppress(TimeoutError, OSError):
             closed += sock.recv(1) == b""
         sock.close()
-    return {"slowloris": count, "slowloris_opened": opened, "slowloris_closed_by_server": closed}
+    return {
+        "slowloris": count,
+        "slowloris_opened": opened,
+        "slowloris_closed_by_server": closed,
+        "slowloris_closed_at_pauses": paused_closed,
+    }
 
 
 # -- healthy clients ------------------------------------------------------------------------------------
+Sample = tuple[float, float]  # (when the request started, time.perf_counter(); its round trip in ms)
+
+
 class Healthy:
     """One robot and one trainer, each on its own thread, timing every round trip."""
 
     def __init__(self, port: int, model: str, interval_s: float) -> None:
         self.port, self.model, self.interval_s = port, model, interval_s
-        self.robot_ms: list[float] = []
-        self.trainer_ms: list[float] = []
+        self.robot_ms: list[Sample] = []
+        self.trainer_ms: list[Sample] = []
         self.failures = 0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
-    def run_for(self, seconds: float) -> tuple[list[float], list[float]]:
+    def run_for(self, seconds: float) -> tuple[list[Sample], list[Sample]]:
         self.start()
         time.sleep(seconds)
         return self.stop()
@@ -447,7 +514,7 @@ class Healthy:
         for thread in self._threads:
             thread.start()
 
-    def stop(self) -> tuple[list[float], list[float]]:
+    def stop(self) -> tuple[list[Sample], list[Sample]]:
         self._stop.set()
         for thread in self._threads:
             thread.join(120)
@@ -461,7 +528,7 @@ class Healthy:
                 started = time.perf_counter()
                 try:
                     client.predict(state)
-                    self.robot_ms.append((time.perf_counter() - started) * 1000.0)
+                    self.robot_ms.append((started, (time.perf_counter() - started) * 1000.0))
                 except Exception:
                     self.failures += 1
                     client.open_session(state_dim=STATE_DIM)
@@ -475,7 +542,7 @@ class Healthy:
                 started = time.perf_counter()
                 try:
                     result = client.step(sid, step, np.full(8, 0.05, np.float32))
-                    self.trainer_ms.append((time.perf_counter() - started) * 1000.0)
+                    self.trainer_ms.append((started, (time.perf_counter() - started) * 1000.0))
                     step += 1
                     if result.terminated or step >= 40:
                         client.reset(sid, seed=step)
@@ -557,17 +624,87 @@ def _ratio(attack: list[float], idle: list[float]) -> float:
     return round(percentile(attack, 99) / percentile(idle, 99), 2) if attack and idle else float("nan")
 
 
+Window = tuple[str, float, float]  # ("idle" or "attack", start, end), time.perf_counter()
+
+
+def _within(samples: list[Sample], windows: list[Window]) -> list[float]:
+    return [ms for when, ms in samples if any(start <= when < end for _, start, end in windows)]
+
+
+def p99_report(samples: list[Sample], windows: list[Window], min_round: int = 50) -> dict[str, Any]:
+    """One healthy client's p99 under attack against idle, from interleaved windows: ``pooled`` is
+    every attack window's requests against every idle window's; each round's ratio takes its attack
+    window against the idle windows on either side of it (so a change of the machine's load during
+    the run hits both sides of each ratio alike; only rounds with ``min_round`` requests under attack);
+    ``after`` is the last idle window (recovery)."""
+    idle = [w for w in windows if w[0] == "idle"]
+    attack = [w for w in windows if w[0] == "attack"]
+    idle_ms, attack_ms = _within(samples, idle), _within(samples, attack)
+    rounds: list[float] = []
+    for i, window in enumerate(windows):
+        if window[0] != "attack":
+            continue
+        neighbours = [w for w in windows[max(0, i - 1) : i + 2] if w[0] == "idle"]
+        under, calm = _within(samples, [window]), _within(samples, neighbours)
+        if len(under) >= min_round and calm:
+            rounds.append(_ratio(under, calm))
+    return {
+        "idle_ms": _p99(idle_ms),
+        "attack_ms": _p99(attack_ms),
+        "after_ms": _p99(_within(samples, idle[-1:])),
+        "ratio": _ratio(attack_ms, idle_ms),
+        "rounds": {
+            "count": len(rounds),
+            "median": round(percentile(rounds, 50), 2),
+            "min": min(rounds, default=float("nan")),
+            "max": max(rounds, default=float("nan")),
+            "values": rounds,
+        },
+        "requests": {"idle": len(idle_ms), "attack": len(attack_ms)},
+    }
+
+
+def _wait_until(done: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-surface", type=int, default=100_000, help="hostile inputs per surface")
     parser.add_argument("--policy", default="rollserve.models.simple_policies:chunk_policy")
     parser.add_argument("--world", default="sim", help="sim (default), toy (fast), learned")
     parser.add_argument("--interval-ms", type=float, default=20.0, help="healthy clients' request period")
-    parser.add_argument("--idle-seconds", type=float, default=60.0, help="healthy baseline, server idle")
     parser.add_argument(
-        "--recovery-seconds", type=float, default=20.0, help="healthy clients again, after the attack"
+        "--idle-seconds", type=float, default=10.0, help="the first idle window, before any attack"
     )
-    parser.add_argument("--max-seconds", type=float, default=3600.0, help="stop the attack after this")
+    parser.add_argument(
+        "--attack-window-s", type=float, default=40.0,
+        help="length of each attack window; the attack is paused between windows (--pause-s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--pause-s", type=float, default=8.0,
+        help="idle window between attack windows (below the server's 10 s idle timeout, so the "
+        "attackers' connections stay open through it)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--settle-s", type=float, default=1.0,
+        help="left out at the start of each idle window (the server closing the slowloris sockets)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--recovery-seconds", type=float, default=20.0, help="the last idle window, after the attack"
+    )
+    parser.add_argument(
+        "--min-round-requests", type=int, default=50,
+        help="requests a healthy client needs in an attack window for that round's own ratio",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-seconds", type=float, default=3600.0, help="stop the attack after this much attack time"
+    )
     parser.add_argument("--slowloris", type=int, default=200, help="connections holding half a header")
     parser.add_argument("--rss-bound-mb", type=float, default=600.0, help="allowed peak RSS over idle")
     parser.add_argument(
@@ -595,12 +732,6 @@ def main(argv: list[str] | None = None) -> int:
         healthy = Healthy(port, args.world, args.interval_ms / 1000.0)
         healthy.run_for(2.0)  # warm-up
         baseline = rss_mb(proc.pid)
-        idle_cpu, idle_started = cpu_s(proc.pid), time.monotonic()
-        idle_robot, idle_trainer = healthy.run_for(args.idle_seconds)
-        # the server's CPU for the healthy clients alone, per second: what the attack window's CPU
-        # holds besides the attack (the healthy clients keep the same pace through it)
-        healthy_cpu_per_s = (cpu_s(proc.pid) - idle_cpu) / (time.monotonic() - idle_started)
-
         peak = [baseline]
         stop = threading.Event()
 
@@ -612,26 +743,32 @@ def main(argv: list[str] | None = None) -> int:
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         slow_result: dict[str, int] = {}
+        slow_pause, slow_parked = threading.Event(), threading.Event()
+        slow_pause.set()  # the slowloris connections open with the first attack window
         slow_thread = threading.Thread(
-            target=lambda: slow_result.update(hold_slowloris(port, args.slowloris, stop)), daemon=True
+            target=lambda: slow_result.update(
+                hold_slowloris(port, args.slowloris, stop, slow_pause, slow_parked)
+            ),
+            daemon=True,
         )
         slow_thread.start()
         context = mp.get_context("spawn")
         out: Any = context.Queue()
+        gate = Gate(context)
         # the attackers' interpreters start and build their inputs (JPEG bombs, 8 MB frames: ~0.75 s of
-        # CPU each) before the start line, so the attack window measures the attack, not that
+        # CPU each) before the start line, then wait at the gate for the first attack window
         start = context.Barrier(4)
         ws_base, http_base = f"ws://127.0.0.1:{port}", f"http://127.0.0.1:{port}"
-        n, stop_at = args.attack_connections, time.time() + args.max_seconds  # attackers stop sending then
+        n = args.attack_connections
         workers = {
             "session_ws": context.Process(
-                target=attack_session, args=(ws_base, args.per_surface, out, n, stop_at, start)
+                target=attack_session, args=(ws_base, args.per_surface, out, n, gate, start)
             ),
             "openpi_ws": context.Process(
-                target=attack_openpi, args=(ws_base, args.per_surface, out, n, stop_at, start)
+                target=attack_openpi, args=(ws_base, args.per_surface, out, n, gate, start)
             ),
             "rest": context.Process(
-                target=attack_rest, args=(http_base, args.per_surface, args.world, out, n, stop_at, start)
+                target=attack_rest, args=(http_base, args.per_surface, args.world, out, n, gate, start)
             ),
         }
         for worker in workers.values():
@@ -641,21 +778,52 @@ def main(argv: list[str] | None = None) -> int:
             os.setpriority(os.PRIO_PROCESS, worker.pid, niceness)
         with contextlib.suppress(threading.BrokenBarrierError):  # an attacker that died is reported below
             start.wait(timeout=120)
-        attack_started, server_cpu_started = time.monotonic(), cpu_s(proc.pid)
-        healthy.start()
-        deadline = attack_started + args.max_seconds + 90.0  # in-flight inputs time out after 60 s
+
+        def attacking() -> bool:
+            return any(worker.is_alive() for worker in workers.values())
+
+        healthy.start()  # from here to the end of recovery, every request timestamped
+        windows: list[Window] = []
+        first = time.perf_counter()
+        idle_cpu = cpu_s(proc.pid)
+        time.sleep(args.idle_seconds)
+        windows.append(("idle", first, time.perf_counter()))
+        # the server's CPU for the healthy clients alone, per second: what the attack windows' CPU
+        # holds besides the attack (the healthy clients keep the same pace through them)
+        healthy_cpu_per_s = (cpu_s(proc.pid) - idle_cpu) / (time.perf_counter() - first)
+        attack_seconds = server_cpu = 0.0
+        while attacking() and not gate.halt.is_set():
+            opened, cpu_before = time.perf_counter(), cpu_s(proc.pid)
+            slow_pause.clear()
+            gate.go.set()
+            closes = opened + min(args.attack_window_s, args.max_seconds - attack_seconds)
+            while time.perf_counter() < closes and attacking():
+                time.sleep(0.05)
+            gate.go.clear()
+            slow_pause.set()
+            # the window ends once every input sent in it was answered and the slowloris sockets closed
+            _wait_until(lambda: gate.idle() and (slow_parked.is_set() or not slow_thread.is_alive()), 90.0)
+            closed = time.perf_counter()
+            windows.append(("attack", opened, closed))
+            attack_seconds += closed - opened
+            if proc.poll() is None:
+                server_cpu += cpu_s(proc.pid) - cpu_before
+            if attack_seconds >= args.max_seconds:
+                gate.halt.set()  # the parked attackers see it and report
+            if attacking() and not gate.halt.is_set():
+                time.sleep(args.settle_s + args.pause_s)
+                windows.append(("idle", closed + args.settle_s, time.perf_counter()))
+        gate.halt.set()
         for worker in workers.values():
-            worker.join(max(1.0, deadline - time.monotonic()))
+            worker.join(90.0)  # parked or finished: they only report now
         killed = [name for name, worker in workers.items() if worker.is_alive()]
         for name in killed:
             workers[name].terminate()
             workers[name].join()
-        attack_robot, attack_trainer = healthy.stop()
-        attack_seconds = time.monotonic() - attack_started
-        server_cpu = cpu_s(proc.pid) - server_cpu_started if proc.poll() is None else float("nan")
-        after_robot, after_trainer = (
-            healthy.run_for(args.recovery_seconds) if proc.poll() is None else ([], [])
-        )
+        recovery = time.perf_counter() + args.settle_s
+        time.sleep(args.settle_s + (args.recovery_seconds if proc.poll() is None else 0.0))
+        windows.append(("idle", recovery, time.perf_counter()))
+        robot, trainer = healthy.stop()
         stats: list[dict[str, Any]] = []
         while True:
             try:
@@ -680,6 +848,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     internal = sum(s["internal"] for s in stats)
     crashes = (0 if alive and health == 200 else 1) + internal + healthy.failures + len(timed_out)
+    robot_report = p99_report(robot, windows, args.min_round_requests)
+    trainer_report = p99_report(trainer, windows, args.min_round_requests)
     result = {
         "benchmark": "hostile_soak",
         "machine": machine_description(),
@@ -688,7 +858,7 @@ def main(argv: list[str] | None = None) -> int:
         "hostile_inputs_sent": sent,
         "attack_connections_per_surface": args.attack_connections,
         "attacker_nice": args.attacker_nice,
-        "attack_inputs_per_s": round(sent / attack_seconds, 1),
+        "attack_inputs_per_s": round(sent / max(attack_seconds, 1e-9), 1),  # attack windows only
         "server_args": extra,
         "crashes": crashes,
         "server_alive": alive,
@@ -701,17 +871,17 @@ def main(argv: list[str] | None = None) -> int:
         "rss_end_over_baseline_mb": round(end_rss - baseline, 1),
         "rss_bound_mb": args.rss_bound_mb,
         "rss_ok": max(peak) - baseline <= args.rss_bound_mb,
-        "robot_p99_ms": {"idle": _p99(idle_robot), "attack": _p99(attack_robot), "after": _p99(after_robot)},
-        "trainer_p99_ms": {
-            "idle": _p99(idle_trainer),
-            "attack": _p99(attack_trainer),
-            "after": _p99(after_trainer),
+        "robot_p99_ratio": robot_report["ratio"],
+        "trainer_p99_ratio": trainer_report["ratio"],
+        "robot_p99": robot_report,
+        "trainer_p99": trainer_report,
+        "windows": {
+            "attack": sum(1 for kind, _, _ in windows if kind == "attack"),
+            "idle": sum(1 for kind, _, _ in windows if kind == "idle"),
+            "attack_window_s": args.attack_window_s,
+            "pause_s": args.pause_s,
+            "settle_s": args.settle_s,
         },
-        "robot_p99_ratio": _ratio(attack_robot, idle_robot),
-        "trainer_p99_ratio": _ratio(attack_trainer, idle_trainer),
-        "healthy_requests": {"robot": len(attack_robot), "trainer": len(attack_trainer)},
-        "healthy_requests_idle": {"robot": len(idle_robot), "trainer": len(idle_trainer)},
-        "healthy_requests_after": {"robot": len(after_robot), "trainer": len(after_trainer)},
         "server_log_lines": log_lines,
         "attack_seconds": round(attack_seconds, 1),
         "server_cpu_s_during_attack": round(server_cpu, 1),
