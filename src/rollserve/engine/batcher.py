@@ -26,6 +26,8 @@ Res = TypeVar("Res")
 RunBatch = Callable[[list[Req]], Sequence["Res | BaseException"]]
 # told of every model call, on the thread that made it: (seconds it ran, requests in it)
 OnBatch = Callable[[float, int], None]
+# asked of each queued request as a batch is formed: the error to answer it with instead of running it
+Skip = Callable[[Any], "BaseException | None"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +123,7 @@ class EngineStats:
     batches: int = 0
     items: int = 0
     superseded: int = 0
+    skipped: int = 0  # answered by ``skip`` without running
     max_batch_seen: int = 0
 
 
@@ -145,6 +148,13 @@ class BatchingWorker(Generic[Req, Res]):
     ``on_batch(run_s, size)`` is called once per model call (on the thread or inline), before its
     requests are answered: the place for per-batch metrics, which a caller that sees only its own
     request would record once per request. It must be cheap; what it raises is logged, not raised.
+
+    ``skip(item)`` is asked of each queued request as the worker thread forms a batch, under the
+    worker's lock (it must be cheap and must not wait on this worker): an exception it returns
+    answers the request instead of a result, and the request never reaches the model nor takes a
+    place in the batch (a request whose outcome is already decided, e.g. one the server would
+    refuse anyway once it ran). Only what ran is timed and counted. A request run inline at
+    :meth:`submit` is not asked: it never waited. What ``skip`` raises is logged; the request runs.
     """
 
     def __init__(
@@ -156,11 +166,13 @@ class BatchingWorker(Generic[Req, Res]):
         name: str = "rollserve-engine",
         inline_below_s: float = 0.0,
         on_batch: OnBatch | None = None,
+        skip: Skip | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self._run_batch = run_batch
         self._on_batch = on_batch
+        self._skip = skip
         self.max_batch_size = max_batch_size
         self.max_wait_s = max(0.0, max_wait_s)
         self.stats = EngineStats()
@@ -337,9 +349,31 @@ class BatchingWorker(Generic[Req, Res]):
                     if remaining <= 0:
                         break
                     self._cond.wait(remaining)
-            count = min(self.max_batch_size, len(self._pending))
             self._busy = True
-            return [self._pending.popleft() for _ in range(count)]
+            return self._pop_batch_locked()
+
+    def _pop_batch_locked(self) -> list[_Pending]:
+        """Up to ``max_batch_size`` requests to run; those ``skip`` refuses are answered on the way."""
+        batch: list[_Pending] = []
+        while self._pending and len(batch) < self.max_batch_size:
+            pending = self._pending.popleft()
+            refusal = self._refusal(pending.item)
+            if refusal is None:
+                batch.append(pending)
+            else:
+                self.stats.skipped += 1
+                _abandon(pending, refusal)
+        return batch
+
+    def _refusal(self, item: Req) -> BaseException | None:
+        """What ``skip`` answers ``item`` with; None (run it) also when ``skip`` itself fails."""
+        if self._skip is None:
+            return None
+        try:
+            return self._skip(item)
+        except Exception:
+            logger.exception("the engine's skip callback failed; the request runs")
+            return None
 
     def _loop(self) -> None:
         while (batch := self._take_batch()) is not None:

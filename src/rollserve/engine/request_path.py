@@ -50,7 +50,8 @@ class InferenceItem:
 
     ``processors`` are the session's pair *when the request was submitted*: a reset while the request
     is inside the model gives the session new processors, but this request is pre- and
-    post-processed by the same (stateful) pair.
+    post-processed by the same (stateful) pair. ``session`` is the session itself, so a server can
+    drop a queued request its session has moved on from (reset, closed) before it runs.
     """
 
     header: MsgHeader
@@ -58,10 +59,11 @@ class InferenceItem:
     processors: Processors
     task: str = ""
     rtc_enabled: bool = True
+    session: SessionView | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, session: SessionView, header: MsgHeader, obs: ObservationMsg) -> InferenceItem:
-        return cls(header, obs, session.processors, session.task, session.rtc_enabled)
+        return cls(header, obs, session.processors, session.task, session.rtc_enabled, session)
 
 
 @dataclass

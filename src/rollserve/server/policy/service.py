@@ -50,6 +50,7 @@ class PolicyService:
             name="rollserve-policy-engine",
             inline_below_s=self.settings.inline_below_ms / 1000.0,
             on_batch=METRICS.batch_observer("policy"),  # per model call, not per request
+            skip=self._refusal_before_running,
         )
 
     @classmethod
@@ -159,6 +160,15 @@ class PolicyService:
         reply.batch_size = done.batch_size
         reply.superseded_seq_ids = session.take_superseded()  # only ever on a current-epoch reply
         return reply
+
+    def _refusal_before_running(self, item: InferenceItem) -> PolicyError | None:
+        """The engine's ``skip``: a queued request whose session was reset, closed or replaced
+        meanwhile gets its refusal now, without running (``infer`` would refuse its chunk anyway)."""
+        try:
+            self._require_current(item.session, item.header, "while this waited")  # type: ignore[arg-type]
+        except PolicyError as exc:
+            return exc
+        return None
 
     def _require_current(self, session: PolicySession, header: MsgHeader, when: str = "") -> None:
         """Raise ``unknown_session`` unless the session is still its uuid's open one, else
