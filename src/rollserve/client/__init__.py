@@ -9,6 +9,7 @@ from rollserve.client.policy_client import (
     FrameTooLarge,
     PolicyClient,
     PolicyConnectionError,
+    SendTimeout,
     ServerError,
     SessionRejected,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "PolicyClient",
     "PolicyConnectionError",
     "RemoteInferenceEngine",
+    "SendTimeout",
     "ServerError",
     "SessionRejected",
 ]

@@ -3,7 +3,8 @@
 Light on purpose: numpy, msgpack and websockets only, so it runs on a robot's small computer.
 Typed server errors raise :class:`ServerError`; a message over the server's frame limit raises
 :class:`FrameTooLarge` (a ``ServerError``: resending it cannot help); a lost connection raises
-:class:`PolicyConnectionError` (the engines reconnect on it).
+:class:`PolicyConnectionError` (the engines reconnect on it), a send cut off at its deadline
+:class:`SendTimeout` (both a ``PolicyConnectionError`` and a ``TimeoutError``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import inspect
 import math
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -21,6 +23,13 @@ from typing import Any
 import numpy as np
 import websockets.exceptions
 from websockets.sync.client import ClientConnection, connect
+
+try:  # the bytes a socket holds unread; Unix only (elsewhere a fixed-size peek stands in)
+    from fcntl import ioctl
+    from termios import FIONREAD
+except ImportError:  # pragma: no cover - Windows
+    ioctl = None  # type: ignore[assignment]
+    FIONREAD = 0
 
 from rollserve.wire import (
     ActionChunkMsg,
@@ -49,6 +58,9 @@ MESSAGE_TOO_BIG = 1009  # the websocket close code of a server whose frame limit
 # The longest a close handshake may wait for the server (capped by the client's timeout): websockets'
 # default of 10 s made ``close()`` (and so an engine's ``stop()``) hang on a frozen server.
 MAX_CLOSE_WAIT_S = 1.0
+# A close frame's largest size from a server (no mask): 2 header bytes, a 125-byte payload at most.
+_CLOSE_FRAME_MAX = 127
+_PEEK_FALLBACK = 1 << 20  # the unread bytes peeked at where the socket cannot say how many it holds
 # What an HTTP refusal of the websocket handshake most likely means. Starlette answers 403 both to a
 # wrong key and to a path with no websocket route (a typo, or a server that serves only a world).
 _REFUSAL_HINTS = {
@@ -91,6 +103,11 @@ class PolicyConnectionError(ConnectionError):
     """No connection, or it broke; reconnecting may help."""
 
 
+class SendTimeout(PolicyConnectionError, TimeoutError):
+    """A send outlived its deadline (the server stopped reading): the connection was shut down, as a
+    message cut off midway leaves it unusable. A ``TimeoutError`` too, for a call given a timeout."""
+
+
 class FrameTooLarge(ServerError):
     """The server closed the connection (1009) on a message over its frame limit (``--max-frame-mb``).
 
@@ -127,6 +144,7 @@ class PolicyClient:
         self._watchdog: _SendWatchdog | None = None  # bounds each send on ``_ws`` by ``timeout``
         self._next_seq = 0
         self._sent_bytes = 0  # size of the last message sent, for a send timeout's message
+        self._send_limit = timeout  # the timeout that bounded the last send, for that message
         # The largest message sent on this connection, for a frame-limit refusal's message: the refused
         # one need not be the last (a reset right after an observation is refused for the observation).
         self._largest_sent = 0
@@ -141,7 +159,7 @@ class PolicyClient:
             self._ws = connect(
                 self.url, additional_headers=headers, open_timeout=self.open_timeout,
                 close_timeout=min(self.timeout, MAX_CLOSE_WAIT_S), max_size=None, compression=None,
-                **_CONNECT_EXTRAS,
+                create_connection=_Connection, **_CONNECT_EXTRAS,
             )  # fmt: skip
         except websockets.exceptions.InvalidStatus as exc:
             status = exc.response.status_code
@@ -221,7 +239,7 @@ class PolicyClient:
         )  # fmt: skip
         self._send(request)
         try:
-            ack = self._wait_for(lambda msg: isinstance(msg, SessionAck), None)
+            ack = self._wait_for(lambda msg: isinstance(msg, SessionAck), None, self._deadline())
         except TimeoutError:
             self.close()
             raise
@@ -237,18 +255,24 @@ class PolicyClient:
         self._send(
             ResetMsg(header=MsgHeader(seq_id=seq_id, episode_id=episode_id, session_epoch=self.session_epoch))
         )
-        ack = self._wait_for(lambda msg: isinstance(msg, ResetAck) and msg.header.seq_id == seq_id, seq_id)
+        wanted = lambda msg: isinstance(msg, ResetAck) and msg.header.seq_id == seq_id  # noqa: E731
+        ack = self._wait_for(wanted, seq_id, self._deadline())
         assert isinstance(ack, ResetAck) and self.ack is not None
         self.ack.session_epoch = ack.session_epoch
         return ack
 
     # -- inference --------------------------------------------------------------------------------
     def infer(self, obs: ObservationMsg, timeout: float | None = None) -> ActionChunkMsg:
-        """Send one observation as given and wait for its chunk (stale replies are skipped)."""
+        """Send one observation as given and wait for its chunk (stale replies are skipped).
+
+        ``timeout`` (else the client's) bounds the whole call from its start, the send included: a
+        send cut off at it raises :class:`SendTimeout`, no reply in time ``TimeoutError``."""
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
         seq_id = obs.header.seq_id
-        self.send_observation(obs)
+        self._send(obs, deadline, limit)
         reply = self._wait_for(
-            lambda msg: isinstance(msg, ActionChunkMsg) and msg.header.seq_id == seq_id, seq_id, timeout
+            lambda msg: isinstance(msg, ActionChunkMsg) and msg.header.seq_id == seq_id, seq_id, deadline
         )
         assert isinstance(reply, ActionChunkMsg)
         return reply
@@ -306,16 +330,24 @@ class PolicyClient:
         self._next_seq += 1
         return self._next_seq
 
-    def _send(self, msg: Message) -> None:
-        """Send within ``timeout``: a server that stops reading would otherwise block the send until
-        TCP gives up (minutes), once the socket buffers are full."""
+    def _deadline(self) -> float:
+        return time.monotonic() + self.timeout
+
+    def _send(self, msg: Message, deadline: float | None = None, limit: float | None = None) -> None:
+        """Send by ``deadline`` (a call's, from its ``limit``), else within ``timeout``: a server that
+        stops reading would otherwise block the send until TCP gives up (minutes), once the socket
+        buffers are full."""
         if self._ws is None or self._watchdog is None:
             raise PolicyConnectionError("not connected")
         data = encode_message(msg)
+        left = self.timeout if deadline is None else deadline - time.monotonic()
+        if left <= 0:  # nothing sent, nothing broken: a call given no time at all
+            raise TimeoutError(f"no time left to send to {self.url} within the timeout")
         self._sent_bytes = len(data)
+        self._send_limit = self.timeout if limit is None else limit
         self._largest_sent = max(self._largest_sent, len(data))
         try:
-            self._watchdog.send(data, self.timeout)
+            self._watchdog.send(data, left)
         except (OSError, websockets.exceptions.WebSocketException) as exc:
             raise self._lost(exc) from exc
         if self._watchdog.fired:  # the send ended as the socket was shut down: the connection is gone
@@ -326,23 +358,35 @@ class PolicyClient:
         message over its frame limit (1009), else :class:`PolicyConnectionError`."""
         self._unresponsive = True
         if self._watchdog is not None and self._watchdog.fired:
-            return PolicyConnectionError(
+            return SendTimeout(
                 f"connection to {self.url} lost: sending {self._sent_bytes} bytes took longer than the"
-                f" timeout ({self.timeout:g} s), so the server stopped reading; the connection was shut down"
+                f" timeout ({self._send_limit:g} s), so the server stopped reading; the connection was"
+                " shut down"
             )
-        close = getattr(exc, "rcvd", None)
-        if close is not None and close.code == MESSAGE_TOO_BIG:
+        code, reason = self._close_received(exc)
+        if code == MESSAGE_TOO_BIG:
             return FrameTooLarge(
                 f"{self.url} refused a message as over its frame limit (--max-frame-mb; the largest sent on"
                 f" this connection: {self._largest_sent} bytes) and closed the connection"
-                f" (1009: {close.reason or 'no reason given'}); send smaller observations (fewer or smaller"
+                f" (1009: {reason or 'no reason given'}); send smaller observations (fewer or smaller"
                 " images, jpeg_quality) or raise the limit"
             )
         return PolicyConnectionError(f"connection to {self.url} lost: {exc}")
 
-    def _wait_for(self, wanted: Any, seq_id: int | None, timeout: float | None = None) -> Message:
-        """Read until ``wanted(msg)``; an error for ``seq_id`` (or for no request) raises ServerError."""
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+    def _close_received(self, exc: BaseException) -> tuple[int | None, str]:
+        """The server's close code and reason: as websockets parsed it, else as the socket saw it
+        (websockets drops a close frame it had not parsed when a send fails first)."""
+        close = getattr(exc, "rcvd", None)
+        if close is not None:
+            return close.code, close.reason
+        sock = self._ws.socket if self._ws is not None else None
+        if isinstance(sock, _RecordingSocket):
+            return sock.close_frame() or (None, "")
+        return None, ""
+
+    def _wait_for(self, wanted: Any, seq_id: int | None, deadline: float) -> Message:
+        """Read until ``wanted(msg)`` or ``deadline``; an error for ``seq_id`` (or for no request)
+        raises ServerError."""
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -408,6 +452,77 @@ class _SendWatchdog:
         self.fired = True
         with contextlib.suppress(OSError):
             self._ws.socket.shutdown(socket.SHUT_RDWR)
+
+
+class _RecordingSocket:
+    """A connection's socket that keeps the last bytes it received, and peeks at those it still
+    holds when it is closed. When the server closes on an oversized message (1009) with the rest
+    unread, its kernel answers the next send with a reset; if that send comes before websockets has
+    parsed the close frame, websockets closes the socket and the frame with it, and the client could
+    not tell a frame-limit refusal from a lost connection. The close frame is the stream's last."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._tail = b""  # the last bytes received, enough for a close frame
+        self._unread = b""  # what the socket still held when it was shut down or closed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data = self._sock.recv(bufsize, flags)
+        self._tail = (self._tail + data[-_CLOSE_FRAME_MAX:])[-_CLOSE_FRAME_MAX:]
+        return data
+
+    def shutdown(self, how: int) -> None:
+        self._peek_unread()
+        self._sock.shutdown(how)
+
+    def close(self) -> None:
+        self._peek_unread()
+        self._sock.close()
+
+    def close_frame(self) -> tuple[int, str] | None:
+        """The code and reason of a close frame that ended what this socket received, if one did."""
+        for data in (self._tail + self._unread, self._tail):
+            if frame := _close_frame_at_end(data):
+                return frame
+        return None
+
+    def _peek_unread(self) -> None:
+        """Copy (not take: websockets' reader may still read them) the bytes the socket holds."""
+        dontwait = getattr(socket, "MSG_DONTWAIT", None)  # a peek must not block (no such flag on Windows)
+        if dontwait is None or type(self._sock) is not socket.socket or self._sock.fileno() < 0:
+            return  # TLS wraps the bytes (not peekable); a closed socket holds none
+        with contextlib.suppress(OSError, ValueError):
+            if count := _unread_count(self._sock):
+                self._unread = self._sock.recv(count, socket.MSG_PEEK | dontwait) or self._unread
+
+
+class _Connection(ClientConnection):
+    """websockets' client connection on a :class:`_RecordingSocket`."""
+
+    def __init__(self, sock: socket.socket, protocol: Any, **kwargs: Any) -> None:
+        super().__init__(_RecordingSocket(sock), protocol, **kwargs)  # type: ignore[arg-type]
+
+
+def _unread_count(sock: socket.socket) -> int:
+    """How many received bytes ``sock`` holds unread (a generous guess where it cannot be asked)."""
+    if ioctl is None:
+        return _PEEK_FALLBACK
+    count = bytearray(4)
+    ioctl(sock.fileno(), FIONREAD, count)
+    return int.from_bytes(count, sys.byteorder)
+
+
+def _close_frame_at_end(data: bytes) -> tuple[int, str] | None:
+    """The (code, reason) of the server's close frame (FIN and opcode 8, unmasked, with a status code)
+    that ends ``data``, or None."""
+    for start in range(len(data) - 4, max(-1, len(data) - _CLOSE_FRAME_MAX - 1), -1):
+        if data[start] == 0x88 and data[start + 1] == len(data) - start - 2:
+            code = int.from_bytes(data[start + 2 : start + 4], "big")
+            return code, data[start + 4 :].decode("utf-8", "replace")
+    return None
 
 
 def _drop(ws: ClientConnection) -> None:
