@@ -3,8 +3,8 @@
 - A session that idled past the server's TTL (the service's clock is moved, nothing sleeps), or was
   closed, is replaced at the next reset: ``RolloutEnv`` and ``RolloutVectorEnv`` reset again.
 - A ``batch_step`` in which one item fails raises its error, but every sub-env whose item committed
-  advances and records its episode end, so the next ``step`` works and the client's step ids stay
-  one past the server's ``committed_step_id``.
+  advances, and the episode ends it recorded are reported by the next ``step``, so the next ``step``
+  works and the client's step ids stay one past the server's ``committed_step_id``.
 - Seeds follow gymnasium's ``SyncVectorEnv``: sub-env ``i`` keeps its own generator, so a seeded
   vector env, given an int or a list, reproduces across autoresets and equals independent
   ``RolloutEnv`` s reset with the same seeds (``Env.reset()`` draws from the env's own generator).
@@ -118,19 +118,24 @@ def test_a_failed_batch_item_leaves_the_vector_env_usable() -> None:
             with pytest.raises(RolloutRequestError) as err:
                 venv.step(np.full((3, 8), 0.1, np.float32))
             assert err.value.code == "inference_error" and "one item" in err.value.message
-            obs, rewards, terminated, truncated, _ = venv.step(np.full((3, 8), 0.2, np.float32))
-            # sub-envs 0 and 2 committed and finished: they autoreset; sub-env 1 retried its step
-            assert truncated.tolist() == [False, True, False] and not terminated.any()
+            obs, rewards, terminated, truncated, info = venv.step(np.full((3, 8), 0.2, np.float32))
+            # sub-envs 0 and 2 report the episode ends the raised step recorded (applying no action);
+            # sub-env 1 retried its step, which ends its one-step episode too
+            assert truncated.tolist() == [True, True, True] and not terminated.any()
+            assert info["_reported_late"].tolist() == [True, False, True]
             start = first_observation(url, 1)  # sub-env 1's seed is 0 + 1
             moved = start[:8] + 0.5 * (0.2 - start[:8])  # the toy's rule, with the retry's action
             np.testing.assert_allclose(obs[1, :8], moved, rtol=1e-6)
-            assert rewards[0] == rewards[2] == 0.0 and rewards[1] < 0
+            assert (rewards < 0).all()
             committed = [venv.client.status(s)["committed_step_id"] for s in session_ids(venv)]
-            assert committed == [-1, 0, -1]
+            assert committed == [0, 0, 0]
             assert [s.next_step for s in venv._sessions] == [c + 1 for c in committed]
+            venv.step(np.zeros((3, 8), np.float32))  # every sub-env autoresets
+            committed = [venv.client.status(s)["committed_step_id"] for s in session_ids(venv)]
+            assert committed == [-1, -1, -1]
             venv.step(np.zeros((3, 8), np.float32))  # and on it goes
             committed = [venv.client.status(s)["committed_step_id"] for s in session_ids(venv)]
-            assert committed == [0, -1, 0]
+            assert committed == [0, 0, 0]
             assert [s.next_step for s in venv._sessions] == [c + 1 for c in committed]
         finally:
             venv.close()

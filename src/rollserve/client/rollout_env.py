@@ -6,7 +6,8 @@ With ``render={...}`` (cameras, size, JPEG quality; see ``RolloutClient.open_ses
 render and the observation is a ``Dict``: ``{"state": float32 (S,), "images": {camera: uint8
 (H, W, 3)}}``, for training from pixels. Without it, the observation is the world's tensor.
 ``render_mode="rgb_array"`` (only with ``render``) makes ``render()`` return the first camera's
-frame of the last observation, so gymnasium's ``RecordVideo`` can record episodes.
+frame of the last observation, so gymnasium's ``RecordVideo`` can record episodes (it needs moviepy:
+the ``gym-video`` extra).
 """
 
 from __future__ import annotations
@@ -214,6 +215,9 @@ LOST = "session_lost"
 """Info key of a sub-env whose session the server no longer holds: the error code (truncated)."""
 SETTLED = "settled_step"
 """Info key of a step that reports the settled lost step's episode end: that step's id."""
+LATE = "reported_late"
+"""Info key (True) of a ``RolloutVectorEnv`` sub-env reporting an episode end that a ``step`` which
+raised had recorded: this step applied no action to it."""
 
 
 class RolloutEnv(gym.Env[np.ndarray, np.ndarray]):
@@ -324,10 +328,28 @@ class _Outcome:
     truncated: np.ndarray
     infos: dict[str, Any] = field(default_factory=dict)
     errors: list[RolloutRequestError] = field(default_factory=list)
+    single_infos: list[dict[str, Any]] = field(default_factory=list)  # each sub-env's, unbatched
 
     @classmethod
     def empty(cls, n: int) -> _Outcome:
-        return cls([None] * n, np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
+        empty = cls([None] * n, np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
+        empty.single_infos = [{} for _ in range(n)]
+        return empty
+
+    def ended(self) -> list[int]:
+        """The sub-envs whose episode ended in this step."""
+        return [int(i) for i in np.flatnonzero(self.terminated | self.truncated)]
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """A sub-env's episode end that a ``step`` recorded before it raised: reported by the next."""
+
+    obs: Any
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
 
 
 class RolloutVectorEnv(VectorEnv):
@@ -375,6 +397,7 @@ class RolloutVectorEnv(VectorEnv):
         self._sessions = [_Session(self.client, entry["id"], render) for _ in range(num_envs)]
         self._needs_reset = np.zeros(num_envs, dtype=bool)
         self._rngs: list[np.random.Generator | None] = [None] * num_envs  # per sub-env, as gymnasium's
+        self._held: dict[int, _Ended] = {}  # episode ends of a step that raised, for the next to report
 
     def reset(
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
@@ -388,6 +411,7 @@ class RolloutVectorEnv(VectorEnv):
             seeds = list(seed)
         if len(seeds) != self.num_envs:
             raise ValueError(f"a seed list needs num_envs={self.num_envs} entries, got {len(seeds)}")
+        self._held = {}  # ends of the episodes this reset replaces
         obs = [session.reset(self._seed(i, seeds[i])) for i, session in enumerate(self._sessions)]
         self._needs_reset[:] = False
         return self._batched(obs), {}
@@ -398,9 +422,13 @@ class RolloutVectorEnv(VectorEnv):
         """One step of every sub-env (finished ones reset instead), in one ``batch_step`` request.
 
         When some items fail, every item that committed (or replayed) still counts: its sub-env
-        advances and its episode end is recorded, then the first item's error is raised. Those
-        sub-envs' transitions are lost to the caller, but the env stays usable: the next ``step``
-        retries each failed sub-env's step (with the new action) and moves the others on. A sub-env
+        advances, then the first item's error is raised. Those sub-envs' transitions are lost to the
+        caller, but the env stays usable: the next ``step`` retries each failed sub-env's step (with
+        the new action) and moves the others on. No episode end is lost, though: a sub-env whose
+        episode ended in a ``step`` that raised (for whatever reason) applies no action on the next
+        ``step`` that returns; it reports that end there (its observation, reward, flags and info,
+        with ``info["reported_late"]``) and autoresets on the following ``step``, as if that end had
+        come one step late. A ``reset`` drops such ends (its episodes are new). A sub-env
         whose session the server no longer holds is no error: it is truncated (last observation,
         reward 0, ``info["session_lost"]``) and resets, with a new session, on the next ``step``.
 
@@ -412,19 +440,48 @@ class RolloutVectorEnv(VectorEnv):
         """
         actions = np.asarray(actions, dtype=np.float32)
         out = _Outcome.empty(self.num_envs)
-        stepping = self._settle(self._autoreset(out), out)
-        calls = [self._sessions[i].call(actions[i]) for i in stepping]
-        for i, result in zip(stepping, self._send(stepping, calls), strict=True):
-            self._record(i, result, out)
-        if out.errors:
-            raise out.errors[0]
+        try:
+            stepping = self._settle(self._autoreset(self._report_held(out), out), out)
+            calls = [self._sessions[i].call(actions[i]) for i in stepping]
+            for i, result in zip(stepping, self._send(stepping, calls), strict=True):
+                self._record(i, result, out)
+            if out.errors:
+                raise out.errors[0]
+        except BaseException:
+            self._hold_ends(out)
+            raise
         return self._batched(out.obs), out.rewards, out.terminated, out.truncated, out.infos
 
-    def _autoreset(self, out: _Outcome) -> list[int]:
+    def _report_held(self, out: _Outcome) -> set[int]:
+        """Put the episode ends held from a ``step`` that raised into this one's outcome; those
+        sub-envs, which neither reset nor step now."""
+        held, self._held = self._held, {}
+        for i, end in held.items():
+            out.obs[i], out.rewards[i] = end.obs, end.reward
+            out.terminated[i], out.truncated[i] = end.terminated, end.truncated
+            self._info(out, i, end.info)
+        return set(held)
+
+    def _hold_ends(self, out: _Outcome) -> None:
+        """Keep the episode ends of a ``step`` about to raise, for the next ``step`` to report (their
+        sub-envs already committed them, and would otherwise autoreset unseen)."""
+        for i in out.ended():
+            info = {**out.single_infos[i], LATE: True}
+            flags = bool(out.terminated[i]), bool(out.truncated[i])
+            self._held[i] = _Ended(out.obs[i], float(out.rewards[i]), *flags, info)
+
+    def _info(self, out: _Outcome, i: int, info: dict[str, Any]) -> None:
+        """Add sub-env ``i``'s info: batched (gymnasium's vector infos) and as its own."""
+        self._add_info(out.infos, info, i)
+        out.single_infos[i].update(info)
+
+    def _autoreset(self, reporting: set[int], out: _Outcome) -> list[int]:
         """Reset the sub-envs whose episode ended (their observation is the new episode's first);
-        the others, which step."""
+        the others, which step, but for those ``reporting`` a held episode end (they do neither)."""
         stepping = []
         for i, session in enumerate(self._sessions):
+            if i in reporting:
+                continue
             if self._needs_reset[i]:
                 out.obs[i] = session.reset(self._seed(i, None))
                 self._needs_reset[i] = False
@@ -444,7 +501,7 @@ class RolloutVectorEnv(VectorEnv):
                 continue
             self._record(i, result, out)
             if isinstance(result, StepResult):
-                self._add_info(out.infos, {SETTLED: result.step_id}, i)
+                self._info(out, i, {SETTLED: result.step_id})
             reported.add(i)
         return [i for i in stepping if i not in reported]
 
@@ -465,13 +522,13 @@ class RolloutVectorEnv(VectorEnv):
                 out.errors.append(result)
                 return
             out.obs[i], out.truncated[i] = session.last, True
-            self._add_info(out.infos, {LOST: result.code}, i)
+            self._info(out, i, {LOST: result.code})
         else:
             out.obs[i] = session.commit(result)
             out.rewards[i], out.terminated[i] = result.reward, result.terminated
             out.truncated[i] = session.elapsed >= self.max_episode_steps and not result.terminated
             if result.info:  # the world's own (``success``), batched as gymnasium's vector infos
-                self._add_info(out.infos, dict(result.info), i)
+                self._info(out, i, dict(result.info))
         self._needs_reset[i] = out.terminated[i] or out.truncated[i]
 
     def _batched(self, obs: list[Any]) -> Any:

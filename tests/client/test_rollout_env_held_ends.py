@@ -1,0 +1,183 @@
+"""No episode end of a ``RolloutVectorEnv`` is lost when a ``step`` raises.
+
+A ``step`` can record an episode end and still raise: a settled lost step ended sub-env 0's episode
+and then the batch of new actions failed (its replies lost, or one item refused), or sub-env 0's
+step ended its episode in a batch where another item was refused. That end must still reach the
+caller: the next ``step`` that returns reports it (sub-env 0 applies no new action), and sub-env 0
+autoresets on the one after, as gymnasium's next-step autoreset does. Before, sub-env 0 autoreset
+at once and the caller never saw ``terminated``.
+
+Real server; a toy world whose episode ends when the gripper is commanded fully closed (1.0), so
+one sub-env can end while the other goes on. Expected observations follow the toy world's rule,
+computed here: joints and gripper move halfway to the (clipped) action each step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+import httpx
+import numpy as np
+import pytest
+
+from rollserve.client.rollout_client import RolloutClient, RolloutRequestError
+from rollserve.client.rollout_env import RolloutVectorEnv
+from rollserve.models.world import WorldOutput, WorldStep
+from rollserve.models.worlds import ToyWorld
+from rollserve.server.app import create_app
+from rollserve.server.rollout.service import RolloutService
+from rollserve.server.running import serving
+from rollserve.server.settings import ServerSettings
+
+RETRIES = 2  # a lost batch is 3 lost replies: the first try and both retries
+LOST = [True] * (RETRIES + 1)
+
+
+class EndsOnClosedGripper(ToyWorld):
+    """The toy world, but a step commanding the gripper to 1.0 terminates the episode."""
+
+    def step_batch(self, steps: Sequence[WorldStep]) -> list[WorldOutput | BaseException]:
+        outs = super().step_batch(steps)
+        return [
+            dataclasses.replace(out, terminated=True)
+            if isinstance(out, WorldOutput) and float(np.asarray(step.action)[7]) >= 1.0
+            else out
+            for step, out in zip(steps, outs, strict=True)
+        ]
+
+
+class DropPlanned(httpx.HTTPTransport):
+    """Forwards every request; the server does the work. Each ``batch_step`` takes the next entry
+    of ``plan``: True loses its reply (the client sees a read error), False (or none left) passes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plan: list[bool] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if request.url.path.endswith("/batch_step") and self.plan and self.plan.pop(0):
+            response.read()
+            response.close()
+            raise httpx.ReadError("reply lost", request=request)
+        return response
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    settings = ServerSettings(max_batch_wait_ms=0.0)
+    with serving(create_app(settings, rollout=RolloutService(EndsOnClosedGripper(), settings))) as server:
+        yield server.http_url
+
+
+def go(value: float) -> np.ndarray:
+    return np.full(8, value, dtype=np.float32)
+
+
+END = go(1.0)  # joints to 1.0, gripper closed: ends the episode
+NAN = np.full(8, np.nan, dtype=np.float32)  # refused by the server: that item fails
+
+
+def moved(obs: np.ndarray, *actions: np.ndarray) -> np.ndarray:
+    """The toy world's observation after ``actions`` from ``obs``."""
+    out = obs.astype(np.float32).copy()
+    low = np.array([-1.0] * 7 + [0.0], dtype=np.float32)
+    for a in actions:
+        out[:8] = out[:8] + np.float32(0.5) * (np.clip(a, low, 1.0) - out[:8])
+    return out
+
+
+def reward_of(obs: np.ndarray) -> float:
+    return float(-np.linalg.norm(obs[:7] - obs[8:15]))
+
+
+def vector(url: str, transport: DropPlanned) -> RolloutVectorEnv:
+    client = RolloutClient(url, transport=transport, max_retries=RETRIES, backoff_s=0.001)
+    return RolloutVectorEnv(2, client=client)
+
+
+def committed(venv: RolloutVectorEnv) -> list[int]:
+    return [venv.client.status(s.session_id)["committed_step_id"] for s in venv._sessions]  # type: ignore[arg-type]
+
+
+def assert_near(actual: np.ndarray, expected: np.ndarray) -> None:
+    np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("failure", ["replies_lost", "item_refused"])
+def test_a_settled_episode_end_survives_a_failed_batch_of_new_actions(url: str, failure: str) -> None:
+    transport = DropPlanned()
+    venv = vector(url, transport)
+    try:
+        start, _ = venv.reset(seed=30)
+        transport.plan = list(LOST)
+        with pytest.raises(httpx.TransportError):
+            venv.step(np.stack([END, go(0.1)]))  # applied: sub-env 0's episode ended
+        assert committed(venv) == [0, 0]
+        # The settling batch answers; the new actions' batch fails.
+        if failure == "replies_lost":
+            transport.plan = [False, *LOST]
+            with pytest.raises(httpx.TransportError):
+                venv.step(np.stack([go(0.5), go(0.2)]))
+            sub1 = (go(0.1), go(0.2), go(0.3))  # the lost 0.2 is settled by the next step
+        else:
+            with pytest.raises(RolloutRequestError) as refused:
+                venv.step(np.stack([go(0.5), NAN]))
+            assert refused.value.code == "invalid_request"
+            sub1 = (go(0.1), go(0.3))
+        obs, rewards, terminated, truncated, info = venv.step(np.stack([go(0.7), go(0.3)]))
+        assert terminated.tolist() == [True, False] and truncated.tolist() == [False, False]
+        assert_near(obs[0], moved(start[0], END))
+        assert rewards[0] == pytest.approx(reward_of(obs[0]), rel=1e-6)
+        assert info["settled_step"][0] == 0 and info["_settled_step"].tolist() == [True, False]
+        assert_near(obs[1], moved(start[1], *sub1))
+        assert committed(venv) == [0, len(sub1) - 1]  # sub-env 0 applied neither 0.5 nor 0.7
+        obs, _, terminated, truncated, info = venv.step(np.stack([go(0.4), go(0.4)]))
+        assert committed(venv) == [-1, len(sub1)]  # now sub-env 0 autoresets
+        assert not terminated.any() and not truncated.any() and "settled_step" not in info
+    finally:
+        venv.close()
+
+
+def test_an_episode_end_in_a_batch_with_a_refused_item_is_reported_by_the_next_step(url: str) -> None:
+    transport = DropPlanned()
+    venv = vector(url, transport)
+    try:
+        start, _ = venv.reset(seed=40)
+        with pytest.raises(RolloutRequestError):
+            venv.step(np.stack([END, NAN]))  # sub-env 0 ends; sub-env 1's item is refused
+        assert committed(venv) == [0, -1]
+        obs, rewards, terminated, truncated, info = venv.step(np.stack([go(0.7), go(0.3)]))
+        assert terminated.tolist() == [True, False] and not truncated.any()
+        assert_near(obs[0], moved(start[0], END))
+        assert rewards[0] == pytest.approx(reward_of(obs[0]), rel=1e-6)
+        assert info["reported_late"].tolist()[0] is True and info["_reported_late"].tolist() == [True, False]
+        assert_near(obs[1], moved(start[1], go(0.3)))
+        assert committed(venv) == [0, 0]
+        venv.step(np.stack([go(0.4), go(0.4)]))
+        assert committed(venv) == [-1, 1]
+    finally:
+        venv.close()
+
+
+def test_a_held_episode_end_survives_a_second_failed_step_and_a_reset_drops_it(url: str) -> None:
+    transport = DropPlanned()
+    venv = vector(url, transport)
+    try:
+        venv.reset(seed=50)
+        with pytest.raises(RolloutRequestError):
+            venv.step(np.stack([END, NAN]))
+        with pytest.raises(RolloutRequestError):
+            venv.step(np.stack([go(0.7), NAN]))  # fails again: sub-env 0's end is still held
+        _, _, terminated, *_ = venv.step(np.stack([go(0.7), go(0.3)]))
+        assert terminated.tolist() == [True, False]
+        venv.step(np.stack([go(0.2), go(0.2)]))  # sub-env 0 autoresets
+        with pytest.raises(RolloutRequestError):
+            venv.step(np.stack([END, NAN]))  # held again
+        venv.reset(seed=60)  # a reset starts new episodes: nothing held is reported after it
+        _, _, terminated, truncated, info = venv.step(np.stack([go(0.2), go(0.2)]))
+        assert not terminated.any() and not truncated.any() and info == {}
+        assert committed(venv) == [0, 0]
+    finally:
+        venv.close()
