@@ -338,7 +338,7 @@ async def test_start_conditions_of_a_fresh_context_reach_the_world(service, worl
     placed = await service.step(sid, move(0, 0.0, context=False, extra={"observation/state": [[1, 2, 3]]}))
     assert placed.error is None
     init = world.inits[-1]
-    assert init.seed is None and init.state.dtype == np.float32 and init.state.tolist() == [1.0, 2.0, 3.0]
+    assert init.seed is None and init.state.dtype == np.float64 and init.state.tolist() == [1.0, 2.0, 3.0]
     np.testing.assert_array_equal(latent(placed.next_observation), [2.0, 4.0, 6.0])
     edge = await service.step(sid, move(0, 0.0, context=False, extra={"seed": 0}))
     np.testing.assert_array_equal(latent(edge.next_observation), [0.0, 0.0, 0.0])
@@ -660,7 +660,7 @@ async def test_reset_to_a_start_state(service, world) -> None:
     await service.step(sid, move(0))
     reset = await service.reset_session(sid, ResetSessionRequest(state=[1.0, 2.0, 3.0]))
     assert (reset.session_id, reset.committed_step_id, reset.context_length) == (sid, -1, 0)
-    assert world.inits[-1].state.dtype == np.float32
+    assert world.inits[-1].state.dtype == np.float64  # as sent: the world checks, then rounds
     np.testing.assert_array_equal(latent(reset.observation), [2.0, 4.0, 6.0])
     step = await service.step(sid, move(0, 1.0))
     np.testing.assert_array_equal(latent(step.next_observation), [4.0, 4.0, 6.0])

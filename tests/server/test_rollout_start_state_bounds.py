@@ -72,7 +72,7 @@ def _out_of_bounds(model: str) -> tuple[list[float], str]:
     state = [0.0] * n
     state[3] = _just_outside(-bound)
     state[9] = 100.0
-    value = str(np.float32(state[3]))
+    value = repr(state[3])  # the value as sent (float64), not rounded to float32
     message = f"start state value {value} at index 3 ({NAMES[model][3]}) is below observation_low {-bound}"
     return state, message
 
@@ -101,7 +101,7 @@ def test_a_reset_outside_the_bounds_is_invalid_request_and_keeps_the_episode(
     above = [0.0] * WORLDS[model][0]
     above[-1] = _just_outside(WORLDS[model][1])
     above_message = (
-        f"start state value {np.float32(above[-1])!s} at index {len(above) - 1} ({NAMES[model][-1]}) "
+        f"start state value {above[-1]!r} at index {len(above) - 1} ({NAMES[model][-1]}) "
         f"is above observation_high {WORLDS[model][1]}"
     )
     for bad, said in ((state, message), (above, above_message), ([100.0] * WORLDS[model][0], None)):

@@ -229,10 +229,11 @@ class LearnedWorld:
 
     def _initial(self, init: WorldInit) -> WorldOutput:
         if init.state is not None:
-            obs = np.asarray(init.state, dtype=np.float32).reshape(-1)
-            if obs.shape != (self.config.state_dim,) or not np.all(np.isfinite(obs)):
+            sent = np.asarray(init.state, dtype=np.float64).reshape(-1)  # as the client sent it
+            if sent.shape != (self.config.state_dim,) or not np.all(np.isfinite(sent)):
                 raise ValueError(f"a start state has {self.config.state_dim} finite values")
-            self.spec.check_start_state(obs)
+            self.spec.check_start_state(sent)  # before rounding: a value just past a bound is refused
+            obs = sent.astype(np.float32)
         else:
             obs = self.config.start.sample(init.seed)  # type: ignore[union-attr]
         state = LearnedState.of(obs, np.zeros_like(obs))

@@ -100,20 +100,26 @@ class WorldSpec:
         """Raise ``ValueError`` unless a client's start state (a state vector) lies within the state
         bounds published here (inclusive, as ``observation_space`` is): the first observation would
         fall outside them, and clamping would start an episode from a state the client did not ask
-        for. For a world whose observation is the state these are its observation bounds."""
+        for. For a world whose observation is the state these are its observation bounds.
+
+        ``state`` is the values as the client sent them (float64 from JSON), not yet rounded to
+        float32: they are compared exactly with the bounds as ``/v1/models`` publishes them, so a
+        value past a bound by less than float32's rounding is refused, not rounded onto the bound.
+        Rounding after the check cannot leave the bounds' float32 box (rounding keeps order)."""
         bounds = self.state_bounds
         if bounds is None:
             return
-        low, high = (np.asarray(b, dtype=np.float32) for b in bounds)
-        outside = np.flatnonzero(~((state >= low) & (state <= high)))
+        values = np.asarray(state, dtype=np.float64)  # exact for float32 and float64 input
+        low, high = (np.asarray(b, dtype=np.float64) for b in bounds)
+        outside = np.flatnonzero(~((values >= low) & (values <= high)))
         if outside.size == 0:
             return
         i = int(outside[0])
         kind = "observation" if self.state_low is None else "state"
         where = f"start state value {state[i]!s} at index {i} ({self.state_layout[i]})"
-        if state[i] < low[i]:
+        if values[i] < low[i]:
             raise ValueError(f"{where} is below {kind}_low {bounds[0][i]}")
-        if state[i] > high[i]:
+        if values[i] > high[i]:
             raise ValueError(f"{where} is above {kind}_high {bounds[1][i]}")
         raise ValueError(f"{where} is not a number")
 
@@ -190,8 +196,10 @@ class RenderSpec:
 class WorldInit:
     """Where a fresh context starts: a seeded initial state, or an explicit observation vector.
 
-    ``render`` asks for camera frames from this context on (worlds keep it in their state, so every
-    step, fork and retry of the context renders the same way).
+    ``state`` is the client's vector as it was sent (float64): a world checks it against its bounds
+    (``spec.check_start_state``) before rounding it to its own dtype, so a value just past a bound is
+    refused rather than rounded onto it. ``render`` asks for camera frames from this context on
+    (worlds keep it in their state, so every step, fork and retry of the context renders the same way).
     """
 
     seed: int | None = None

@@ -51,10 +51,11 @@ class ToyWorld:
 
     def _initial(self, init: WorldInit) -> WorldOutput:
         if init.state is not None:
-            obs = np.asarray(init.state, dtype=np.float32).reshape(-1)
-            if obs.shape != (self.spec.observation_dim,):
+            sent = np.asarray(init.state, dtype=np.float64).reshape(-1)  # as the client sent it
+            if sent.shape != (self.spec.observation_dim,):
                 raise ValueError(f"toy start state must have {self.spec.observation_dim} values")
-            self.spec.check_start_state(obs)
+            self.spec.check_start_state(sent)  # before rounding: a value just past a bound is refused
+            obs = sent.astype(np.float32)
         else:
             rng = np.random.default_rng(init.seed)
             joints = rng.uniform(-0.5, 0.5, 7)

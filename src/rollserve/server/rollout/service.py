@@ -365,7 +365,8 @@ class RolloutService:
                     np.random.default_rng(req.seed) if req.seed is not None else copy.deepcopy(session.seeds)
                 )
                 seed = req.seed if req.seed is not None else int(seeds.integers(2**31))
-                start = np.asarray(req.state, dtype=np.float32) if req.state is not None else None
+                # as sent (float64): the world checks it against its bounds before it rounds it
+                start = np.asarray(req.state, dtype=np.float64) if req.state is not None else None
                 init = WorldInit(seed=seed, state=start, render=session.render)
                 out, obs, frames = await self._initial(init, session)
                 episode = partial(_reset_commit, out.state, obs, seeds, frames)
@@ -839,7 +840,8 @@ def _start_from(inputs: dict[str, Any]) -> WorldInit | None:
         return None
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
         raise ValueError("observation.extra.seed must be an integer in [0, 2**63)")
-    start = None if state is None else np.asarray(state, dtype=np.float32)  # flat and checked when folded
+    # flat and checked when folded; as sent (float64): the world checks it before it rounds it
+    start = None if state is None else np.asarray(state, dtype=np.float64)
     return WorldInit(seed=seed, state=start)
 
 
