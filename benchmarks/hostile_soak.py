@@ -46,6 +46,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import multiprocessing as mp
 import os
 import queue
@@ -446,13 +447,20 @@ def _half_header(port: int) -> socket.socket:
 
 
 def hold_slowloris(
-    port: int, count: int, stop: threading.Event, pause: threading.Event, parked: threading.Event
+    port: int,
+    count: int,
+    stop: threading.Event,
+    pause: threading.Event,
+    parked: threading.Event,
+    ramp_s: float = 2.0,
 ) -> dict[str, int]:
     """``count`` connections holding half a header through every attack window: each one the server
     closes (its header deadline) is opened again at once, as a slowloris attacker does. While
-    ``pause`` is set (the idle windows) all of them are closed from this side and ``parked`` is set.
-    Returns how many were opened, how many of them the server closed and how many the pauses closed
-    (those still open at the end are checked)."""
+    ``pause`` is set (the idle windows) all of them are closed from this side and ``parked`` is set;
+    a window opens them over ``ramp_s`` (the server's header deadline), as spread as the deadlines
+    keep them in a continuous attack (all at once, every window, would add a burst the continuous
+    attack has only at its start). Returns how many were opened, how many of them the server closed
+    and how many the pauses closed (those still open at the end are checked)."""
     socks: list[socket.socket] = []
     opened = closed = paused_closed = 0
     while not stop.wait(0.1):
@@ -463,9 +471,10 @@ def hold_slowloris(
             parked.set()
             continue
         parked.clear()
-        if not socks:
-            socks = [_half_header(port) for _ in range(count)]
-            opened += count
+        if len(socks) < count:
+            more = min(count - len(socks), math.ceil(count * 0.1 / max(ramp_s, 0.1)))  # per 0.1 s tick
+            socks += [_half_header(port) for _ in range(more)]
+            opened += more
         readable, _, _ = select.select(socks, [], [], 0)
         for sock in readable:  # the server's close (or anything else it sent) ends this one
             with contextlib.suppress(OSError):
@@ -706,6 +715,10 @@ def main(argv: list[str] | None = None) -> int:
         "--max-seconds", type=float, default=3600.0, help="stop the attack after this much attack time"
     )
     parser.add_argument("--slowloris", type=int, default=200, help="connections holding half a header")
+    parser.add_argument(
+        "--slowloris-ramp-s", type=float, default=2.0,
+        help="each attack window opens the slowloris connections over this (the server's header deadline)",
+    )  # fmt: skip
     parser.add_argument("--rss-bound-mb", type=float, default=600.0, help="allowed peak RSS over idle")
     parser.add_argument(
         "--attack-connections", type=int, default=12,
@@ -716,6 +729,10 @@ def main(argv: list[str] | None = None) -> int:
         "--attacker-nice", type=int, default=0, metavar="N",
         help="run the attacker processes this much nicer than the soak (e.g. 10): on one machine their "
         "own CPU competes with the server and the healthy clients, which a remote attacker's does not",
+    )  # fmt: skip
+    parser.add_argument(
+        "--samples-out", type=Path, default=None, metavar="FILE",
+        help="also write every healthy request (start, ms) and the windows to FILE (JSON), to study",
     )  # fmt: skip
     parser.add_argument(
         "--server-arg", action="append", default=[], metavar="FLAG=VALUE",
@@ -747,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
         slow_pause.set()  # the slowloris connections open with the first attack window
         slow_thread = threading.Thread(
             target=lambda: slow_result.update(
-                hold_slowloris(port, args.slowloris, stop, slow_pause, slow_parked)
+                hold_slowloris(port, args.slowloris, stop, slow_pause, slow_parked, args.slowloris_ramp_s)
             ),
             daemon=True,
         )
@@ -848,6 +865,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     internal = sum(s["internal"] for s in stats)
     crashes = (0 if alive and health == 200 else 1) + internal + healthy.failures + len(timed_out)
+    if args.samples_out is not None:
+        args.samples_out.write_text(json.dumps({"windows": windows, "robot": robot, "trainer": trainer}))
     robot_report = p99_report(robot, windows, args.min_round_requests)
     trainer_report = p99_report(trainer, windows, args.min_round_requests)
     result = {
