@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 import httpx
 import numpy as np
 import pytest
+from toy_rule import moved
 
 from rollserve.client.rollout_client import RolloutClient, RolloutRequestError
 from rollserve.client.rollout_env import RolloutVectorEnv
@@ -77,15 +78,6 @@ def go(value: float) -> np.ndarray:
 
 END = go(1.0)  # joints to 1.0, gripper closed: ends the episode
 NAN = np.full(8, np.nan, dtype=np.float32)  # refused by the server: that item fails
-
-
-def moved(obs: np.ndarray, *actions: np.ndarray) -> np.ndarray:
-    """The toy world's observation after ``actions`` from ``obs``."""
-    out = obs.astype(np.float32).copy()
-    low = np.array([-1.0] * 7 + [0.0], dtype=np.float32)
-    for a in actions:
-        out[:8] = out[:8] + np.float32(0.5) * (np.clip(a, low, 1.0) - out[:8])
-    return out
 
 
 def reward_of(obs: np.ndarray) -> float:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import httpx
 import numpy as np
 import pytest
+from toy_rule import moved
 
 from rollserve.client.rollout_client import RolloutClient
 from rollserve.client.rollout_env import RolloutEnv, RolloutVectorEnv
@@ -65,15 +66,6 @@ def assert_near(actual: np.ndarray, expected: np.ndarray) -> None:
 
 def action(value: float) -> np.ndarray:
     return np.full(8, value, dtype=np.float32)
-
-
-def moved(obs: np.ndarray, *actions: np.ndarray) -> np.ndarray:
-    """The toy world's observation after ``actions`` from ``obs``."""
-    out = obs.astype(np.float32).copy()
-    low = np.array([-1.0] * 7 + [0.0], dtype=np.float32)
-    for a in actions:
-        out[:8] = out[:8] + np.float32(0.5) * (np.clip(a, low, 1.0) - out[:8])
-    return out
 
 
 def single(url: str, transport: DropReplies, **kwargs: int) -> RolloutEnv:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 from manual_clock import Clock
+from toy_rule import moved
 
 from rollserve.client.rollout_env import RolloutEnv, RolloutVectorEnv
 from rollserve.models.worlds import ToyWorld
@@ -46,13 +47,6 @@ def assert_near(actual: np.ndarray, expected: np.ndarray) -> None:
 
 def action(value: float) -> np.ndarray:
     return np.full(8, value, dtype=np.float32)
-
-
-def moved(obs: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """The toy world's rule: joints and gripper move halfway to the (in-bounds) action."""
-    out = obs.copy()
-    out[:8] = out[:8] + np.float32(0.5) * (a - out[:8])
-    return out
 
 
 def committed(env: RolloutEnv | RolloutVectorEnv, session_id: str) -> int:
