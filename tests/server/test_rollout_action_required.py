@@ -6,15 +6,12 @@ marks what is required; here that marking is checked against the request models'
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from pydantic import BaseModel
 
-from rollserve.models.worlds import ToyWorld
-from rollserve.server.app import create_app
 from rollserve.server.rollout.protocol import (
     Action,
     BatchStepItem,
@@ -22,20 +19,9 @@ from rollserve.server.rollout.protocol import (
     Observation,
     RolloutStepRequest,
 )
-from rollserve.server.rollout.service import RolloutService
-from rollserve.server.running import serving
-from rollserve.server.settings import ServerSettings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "rollout.md"
 STATE = [0.1, -0.2, 0.3, -0.4, 0.2, 0.0, -0.1, 0.6, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]  # toy: 15
-
-
-@pytest.fixture(scope="module")
-def http() -> Iterator[httpx.Client]:
-    settings = ServerSettings(max_batch_wait_ms=0.0)
-    app = create_app(settings, rollout=RolloutService(ToyWorld(), settings))
-    with serving(app) as server, httpx.Client(base_url=server.http_url, timeout=30.0) as client:
-        yield client
 
 
 def _create(http: httpx.Client) -> str:

@@ -9,18 +9,12 @@ Python float, a numpy scalar or a 0-d array, and a ``batch_step`` item. Each ans
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
-from rollserve.models.worlds import ToyWorld
-from rollserve.server.app import create_app
-from rollserve.server.rollout.service import RolloutService
-from rollserve.server.running import serving
-from rollserve.server.settings import ServerSettings
 from rollserve.wire.codec import packb
 
 SESSIONS = "/v1/realtime/sessions"
@@ -33,14 +27,6 @@ NOT_FINITE: dict[str, Any] = {
     "np.float64 inf": np.float64("inf"),
     "0-d array nan": np.array(np.nan, dtype=np.float32),
 }
-
-
-@pytest.fixture(scope="module")
-def http() -> Iterator[httpx.Client]:
-    settings = ServerSettings(max_batch_wait_ms=0.0)
-    app = create_app(settings, rollout=RolloutService(ToyWorld(), settings))
-    with serving(app) as server, httpx.Client(base_url=server.http_url, timeout=30.0) as client:
-        yield client
 
 
 def _step(gripper: Any) -> dict[str, Any]:

@@ -15,18 +15,12 @@ read from the code under test.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
 
 import httpx
 import numpy as np
 import pytest
 
 from rollserve.models.world import WorldSpec
-from rollserve.models.worlds import ToyWorld
-from rollserve.server.app import create_app
-from rollserve.server.rollout.service import RolloutService
-from rollserve.server.running import serving
-from rollserve.server.settings import ServerSettings
 
 SESSIONS = "/v1/realtime/sessions"
 ACTION = {"joint_positions": [0.1] * 7, "gripper_position": 0.5}
@@ -99,14 +93,6 @@ def test_a_value_past_a_bound_as_sent_is_refused(low: float, high: float, value:
 def test_a_value_at_or_inside_the_bounds_as_sent_is_accepted(low: float, high: float, value: float) -> None:
     assert low <= value <= high
     spec(low, high).check_start_state(np.array([0.0, value], dtype=np.float64))
-
-
-@pytest.fixture(scope="module")
-def http() -> Iterator[httpx.Client]:
-    settings = ServerSettings(max_batch_wait_ms=0.0)
-    app = create_app(settings, rollout=RolloutService(ToyWorld(), settings))
-    with serving(app) as server, httpx.Client(base_url=server.http_url, timeout=60.0) as client:
-        yield client
 
 
 def _state(last: float) -> list[float]:
