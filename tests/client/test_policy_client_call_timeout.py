@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -89,3 +90,32 @@ def test_infer_with_a_timeout_still_waits_for_a_reply_within_it(proxy: StallingP
     assert not isinstance(info.value, PolicyConnectionError)  # nothing broke: only no reply yet
     assert client.connected
     client.close()
+
+
+def test_open_session_and_reset_bound_send_and_reply_by_one_deadline() -> None:
+    """Regression: the send had its own ``timeout`` and the wait for the ack a fresh one after it, so
+    a slow send could stretch the call to twice the timeout. Both now share the deadline set at the
+    call's start (spied on the real calls against a real server)."""
+    with serving_chunk_policy() as server:
+        client = PolicyClient(f"ws://{server.host}:{server.port}/v1/policy/ws", timeout=CLIENT_TIMEOUT_S)
+        client.connect()
+        sent, waited = [], []
+        send, wait_for = client._send, client._wait_for
+
+        def spy_send(msg: object, deadline: float | None = None, limit: float | None = None) -> None:
+            sent.append(deadline)
+            send(msg, deadline, limit)  # type: ignore[arg-type]
+
+        def spy_wait(wanted: object, seq_id: int | None, deadline: float) -> object:
+            waited.append(deadline)
+            return wait_for(wanted, seq_id, deadline)
+
+        client._send, client._wait_for = spy_send, spy_wait  # type: ignore[method-assign]
+        before = time.monotonic()
+        client.open_session(state_dim=6)
+        client.reset(episode_id=1)
+        after = time.monotonic()
+        client.close()
+    assert len(sent) == len(waited) == 2
+    assert sent == waited, "each call's send and wait must share one deadline"
+    assert all(before + CLIENT_TIMEOUT_S <= d <= after + CLIENT_TIMEOUT_S for d in sent)

@@ -237,9 +237,10 @@ class PolicyClient:
             client_uuid=self.client_uuid, robot_type=robot_type, action_names=list(action_names),
             camera_names=list(camera_names), state_dim=state_dim, fps=fps, rtc_enabled=rtc_enabled, task=task,
         )  # fmt: skip
-        self._send(request)
+        deadline = self._deadline()  # one bound for the send and the wait together
+        self._send(request, deadline)
         try:
-            ack = self._wait_for(lambda msg: isinstance(msg, SessionAck), None, self._deadline())
+            ack = self._wait_for(lambda msg: isinstance(msg, SessionAck), None, deadline)
         except TimeoutError:
             self.close()
             raise
@@ -251,12 +252,11 @@ class PolicyClient:
 
     def reset(self, episode_id: int = 0) -> ResetAck:
         """New episode on the server (fresh processor state); the session epoch moves on."""
-        seq_id = self._take_seq()
-        self._send(
-            ResetMsg(header=MsgHeader(seq_id=seq_id, episode_id=episode_id, session_epoch=self.session_epoch))
-        )
+        seq_id, deadline = self._take_seq(), self._deadline()  # one bound for the send and the wait
+        header = MsgHeader(seq_id=seq_id, episode_id=episode_id, session_epoch=self.session_epoch)
+        self._send(ResetMsg(header=header), deadline)
         wanted = lambda msg: isinstance(msg, ResetAck) and msg.header.seq_id == seq_id  # noqa: E731
-        ack = self._wait_for(wanted, seq_id, self._deadline())
+        ack = self._wait_for(wanted, seq_id, deadline)
         assert isinstance(ack, ResetAck) and self.ack is not None
         self.ack.session_epoch = ack.session_epoch
         return ack
