@@ -38,6 +38,12 @@ against ``rss_bound_mb``, and each healthy client's p99 under attack against idl
 attack window's requests against every idle window's, and ``rounds``, each attack window against the
 idle windows on either side of it (median, min, max). Bounded in count and attack time
 (``--max-seconds``); 127.0.0.1 only.
+
+``--control`` is the same run with the attack sent to a second, identical server (a decoy), while the
+healthy clients keep using the first: the machine's load is the same (the decoy does the work the
+attack asks for, the attackers spend their CPU), but the healthy clients' server serves no hostile
+input. Its p99 ratio is what the shared cores alone cost the healthy clients, to read the real run's
+against.
 """
 
 from __future__ import annotations
@@ -625,6 +631,16 @@ def server(
                 proc.wait()
 
 
+def errors_answered(port: int) -> int:
+    """How many requests the server at ``port`` answered with an error (its ``/metrics``)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", headers=AUTH, timeout=10).text
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("rollserve_errors_total")
+    )
+
+
 def _p99(values: list[float]) -> float:
     return round(percentile(values, 99), 2)
 
@@ -735,6 +751,11 @@ def main(argv: list[str] | None = None) -> int:
         help="also write every healthy request (start, ms) and the windows to FILE (JSON), to study",
     )  # fmt: skip
     parser.add_argument(
+        "--control", action="store_true",
+        help="send the attack to a second, identical server, not the healthy clients' one: what the "
+        "machine's load alone does to their p99 (see the module docstring)",
+    )  # fmt: skip
+    parser.add_argument(
         "--server-arg", action="append", default=[], metavar="FLAG=VALUE",
         help="extra 'rollserve serve' flag, e.g. --server-arg=--refusal-delay-ms=0 (repeatable)",
     )  # fmt: skip
@@ -742,30 +763,33 @@ def main(argv: list[str] | None = None) -> int:
     extra = [part for flag in args.server_arg for part in flag.split("=", 1)]
 
     started = time.monotonic()
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        server(args.policy, args.world, Path(tmp) / "serve.log", extra) as (proc, port),
-    ):
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as servers:
+        proc, port = servers.enter_context(server(args.policy, args.world, Path(tmp) / "serve.log", extra))
+        # the server the attack goes to: the healthy clients' own, or in a control run a decoy
+        attacked, attacked_port = (
+            servers.enter_context(server(args.policy, args.world, Path(tmp) / "decoy.log", extra))
+            if args.control
+            else (proc, port)
+        )
         healthy = Healthy(port, args.world, args.interval_ms / 1000.0)
         healthy.run_for(2.0)  # warm-up
-        baseline = rss_mb(proc.pid)
+        baseline = rss_mb(attacked.pid)
         peak = [baseline]
         stop = threading.Event()
 
         def sample() -> None:
             while not stop.wait(0.05):
                 with contextlib.suppress(OSError):
-                    peak.append(rss_mb(proc.pid))
+                    peak.append(rss_mb(attacked.pid))
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         slow_result: dict[str, int] = {}
         slow_pause, slow_parked = threading.Event(), threading.Event()
         slow_pause.set()  # the slowloris connections open with the first attack window
+        slow_args = (attacked_port, args.slowloris, stop, slow_pause, slow_parked, args.slowloris_ramp_s)
         slow_thread = threading.Thread(
-            target=lambda: slow_result.update(
-                hold_slowloris(port, args.slowloris, stop, slow_pause, slow_parked, args.slowloris_ramp_s)
-            ),
+            target=lambda: slow_result.update(hold_slowloris(*slow_args)),
             daemon=True,
         )
         slow_thread.start()
@@ -775,7 +799,7 @@ def main(argv: list[str] | None = None) -> int:
         # the attackers' interpreters start and build their inputs (JPEG bombs, 8 MB frames: ~0.75 s of
         # CPU each) before the start line, then wait at the gate for the first attack window
         start = context.Barrier(4)
-        ws_base, http_base = f"ws://127.0.0.1:{port}", f"http://127.0.0.1:{port}"
+        ws_base, http_base = f"ws://127.0.0.1:{attacked_port}", f"http://127.0.0.1:{attacked_port}"
         n = args.attack_connections
         workers = {
             "session_ws": context.Process(
@@ -802,15 +826,15 @@ def main(argv: list[str] | None = None) -> int:
         healthy.start()  # from here to the end of recovery, every request timestamped
         windows: list[Window] = []
         first = time.perf_counter()
-        idle_cpu = cpu_s(proc.pid)
+        idle_cpu = cpu_s(attacked.pid)
         time.sleep(args.idle_seconds)
         windows.append(("idle", first, time.perf_counter()))
-        # the server's CPU for the healthy clients alone, per second: what the attack windows' CPU
-        # holds besides the attack (the healthy clients keep the same pace through them)
-        healthy_cpu_per_s = (cpu_s(proc.pid) - idle_cpu) / (time.perf_counter() - first)
+        # the attacked server's CPU for the healthy clients alone, per second (none on a decoy): what
+        # the attack windows' CPU holds besides the attack (the healthy clients keep the same pace)
+        healthy_cpu_per_s = (cpu_s(attacked.pid) - idle_cpu) / (time.perf_counter() - first)
         attack_seconds = server_cpu = 0.0
         while attacking() and not gate.halt.is_set():
-            opened, cpu_before = time.perf_counter(), cpu_s(proc.pid)
+            opened, cpu_before = time.perf_counter(), cpu_s(attacked.pid)
             slow_pause.clear()
             gate.go.set()
             closes = opened + min(args.attack_window_s, args.max_seconds - attack_seconds)
@@ -823,8 +847,8 @@ def main(argv: list[str] | None = None) -> int:
             closed = time.perf_counter()
             windows.append(("attack", opened, closed))
             attack_seconds += closed - opened
-            if proc.poll() is None:
-                server_cpu += cpu_s(proc.pid) - cpu_before
+            if attacked.poll() is None:
+                server_cpu += cpu_s(attacked.pid) - cpu_before
             if attack_seconds >= args.max_seconds:
                 gate.halt.set()  # the parked attackers see it and report
             if attacking() and not gate.halt.is_set():
@@ -850,11 +874,15 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
         sampler.join()
         slow_thread.join(10)
-        alive = proc.poll() is None
+        alive = proc.poll() is None and attacked.poll() is None
         health = httpx.get(f"{http_base}/healthz", timeout=10).status_code if alive else None
+        errors = {
+            "healthy_clients_server": errors_answered(port),
+            "attacked_server": errors_answered(attacked_port),
+        }
         time.sleep(1.0)
-        end_rss = rss_mb(proc.pid) if alive else float("nan")
-        log_lines = sum(1 for _ in (Path(tmp) / "serve.log").open())
+        end_rss = rss_mb(attacked.pid) if alive else float("nan")
+        log_lines = sum(1 for log in Path(tmp).glob("*.log") for _ in log.open())
 
     sent = sum(s["sent"] for s in stats)
     reported = {s["surface"]: s for s in stats}
@@ -877,6 +905,7 @@ def main(argv: list[str] | None = None) -> int:
         "hostile_inputs_sent": sent,
         "attack_connections_per_surface": args.attack_connections,
         "attacker_nice": args.attacker_nice,
+        "control": args.control,
         "attack_inputs_per_s": round(sent / max(attack_seconds, 1e-9), 1),  # attack windows only
         "server_args": extra,
         "crashes": crashes,
@@ -902,6 +931,7 @@ def main(argv: list[str] | None = None) -> int:
             "settle_s": args.settle_s,
         },
         "server_log_lines": log_lines,
+        "errors_answered": errors if alive else None,  # the control's healthy server answered none
         "attack_seconds": round(attack_seconds, 1),
         "server_cpu_s_during_attack": round(server_cpu, 1),
         "server_cpu_ms_per_input": round(1000.0 * server_cpu / max(sent, 1), 2),  # healthy clients' too

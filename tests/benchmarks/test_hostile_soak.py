@@ -77,12 +77,34 @@ def test_short_soak_has_no_crash_no_leak_and_bounded_memory(tmp_path: Path) -> N
         "openpi_ws": soak.openpi_inputs(),
         "rest": soak.rest_inputs(),
     }
-    assert result["attacker_nice"] == 5
+    assert result["attacker_nice"] == 5 and result["control"] is False
+    errors = result["errors_answered"]  # one server, attacked and serving the healthy clients
+    assert errors["attacked_server"] == errors["healthy_clients_server"] > 0, errors
     for surface in result["surfaces"]:
         assert surface["nice"] == min(19, os.nice(0) + 5), "each attacker ran at the asked priority"
         expected = {name for name, _, _ in classes[surface["surface"]]}
         assert set(surface["classes"]) == expected, surface["surface"]
         assert surface["sent"] >= 590
+
+
+def test_control_soak_sends_the_attack_to_a_decoy_not_the_healthy_clients_server() -> None:
+    """``--control``: the same load on the machine, but the healthy clients' server answers no
+    hostile input (its error counter stays at 0) while the decoy answers them all."""
+    args = ["--per-surface", "200", "--world", "toy", "--idle-seconds", "1", "--slowloris", "5"]
+    args += ["--recovery-seconds", "1", "--attack-window-s", "2", "--pause-s", "1"]
+    args += ["--min-round-requests", "5", "--slowloris-ramp-s", "0.3", "--control"]
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "hostile_soak.py"), *args, "--max-seconds", "100"],
+        capture_output=True, text=True, timeout=240, env=dict(os.environ),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    result = json.loads(done.stdout)
+    assert result["control"] is True and result["crashes"] == 0, result
+    assert result["errors_answered"]["healthy_clients_server"] == 0, result["errors_answered"]
+    assert result["errors_answered"]["attacked_server"] >= 200, result["errors_answered"]
+    assert result["slowloris_opened"] >= 5
+    for client in ("robot_p99", "trainer_p99"):
+        assert result[client]["requests"]["attack"] > 0, client
 
 
 def soak_module() -> Any:
