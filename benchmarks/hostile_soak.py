@@ -39,11 +39,12 @@ attack window's requests against every idle window's, and ``rounds``, each attac
 idle windows on either side of it (median, min, max). Bounded in count and attack time
 (``--max-seconds``); 127.0.0.1 only.
 
-``--control`` is the same run with the attack sent to a second, identical server (a decoy), while the
-healthy clients keep using the first: the machine's load is the same (the decoy does the work the
-attack asks for, the attackers spend their CPU), but the healthy clients' server serves no hostile
-input. Its p99 ratio is what the shared cores alone cost the healthy clients, to read the real run's
-against.
+``--control`` adds a second, identical server (a decoy) and a second, identical set of attackers
+aimed at it: their "control" windows take turns with the attack windows (attack, idle, control, idle,
+...). In a control window the machine carries the same load (the decoy does the work the attack asks
+for, the attackers spend their CPU) but the healthy clients' server serves no hostile input, so the
+healthy p99 against idle there (``*_p99_ratio_control``) is what the shared cores alone cost the
+healthy clients, measured in the same run as the attack's ratio.
 """
 
 from __future__ import annotations
@@ -698,6 +699,105 @@ def _wait_until(done: Any, timeout: float) -> bool:
     return True
 
 
+class Attack:
+    """One server's attackers: the three surfaces' processes behind one :class:`Gate`, and the
+    slowloris sockets, run window by window."""
+
+    def __init__(self, context: Any, port: int, args: argparse.Namespace, stop: threading.Event) -> None:
+        self.port, self.per_surface = port, args.per_surface
+        self.gate, self.out = Gate(context), context.Queue()
+        # the attackers' interpreters start and build their inputs (JPEG bombs, 8 MB frames: ~0.75 s of
+        # CPU each) before the start line, then wait at the gate for the first attack window
+        self.start_line = context.Barrier(4)
+        ws_base, http_base = f"ws://127.0.0.1:{port}", f"http://127.0.0.1:{port}"
+        common = (args.per_surface, self.out, args.attack_connections, self.gate, self.start_line)
+        self.workers = {
+            "session_ws": context.Process(target=attack_session, args=(ws_base, *common)),
+            "openpi_ws": context.Process(target=attack_openpi, args=(ws_base, *common)),
+            "rest": context.Process(target=attack_rest, args=(http_base, common[0], args.world, *common[1:])),
+        }
+        self.nice = args.attacker_nice
+        self.slowloris: dict[str, int] = {}
+        self.slow_pause, self.slow_parked = threading.Event(), threading.Event()
+        self.slow_pause.set()  # the slowloris connections open with the first attack window
+        slow_args = (port, args.slowloris, stop, self.slow_pause, self.slow_parked, args.slowloris_ramp_s)
+        self.slow_thread = threading.Thread(
+            target=lambda: self.slowloris.update(hold_slowloris(*slow_args)), daemon=True
+        )
+        self.stats: list[dict[str, Any]] = []
+        self.killed: list[str] = []
+        self.timed_out: list[str] = []
+        self.errors: int | None = None
+        self.alive = True
+
+    def start(self) -> None:
+        self.slow_thread.start()
+        for worker in self.workers.values():
+            worker.start()
+            # before the attacker starts its threads (they inherit it): it builds its inputs first
+            niceness = min(19, os.getpriority(os.PRIO_PROCESS, 0) + self.nice)
+            os.setpriority(os.PRIO_PROCESS, worker.pid, niceness)
+
+    def at_start_line(self) -> None:
+        with contextlib.suppress(threading.BrokenBarrierError):  # an attacker that died is reported
+            self.start_line.wait(timeout=120)
+
+    def attacking(self) -> bool:
+        return not self.gate.halt.is_set() and any(w.is_alive() for w in self.workers.values())
+
+    def run_window(self, closes: float) -> None:
+        """Attack until ``closes``, then pause: the window ends once every input sent in it was
+        answered and the slowloris sockets are closed."""
+        self.slow_pause.clear()
+        self.gate.go.set()
+        while time.perf_counter() < closes and any(w.is_alive() for w in self.workers.values()):
+            time.sleep(0.05)
+        self.gate.go.clear()
+        self.slow_pause.set()
+        slow_done = lambda: self.slow_parked.is_set() or not self.slow_thread.is_alive()  # noqa: E731
+        _wait_until(lambda: self.gate.idle() and slow_done(), 90.0)
+
+    def finish(self) -> None:
+        self.gate.halt.set()  # the parked attackers see it and report
+        for worker in self.workers.values():
+            worker.join(90.0)  # parked or finished: they only report now
+        self.killed = [name for name, worker in self.workers.items() if worker.is_alive()]
+        for name in self.killed:
+            self.workers[name].terminate()
+            self.workers[name].join()
+
+    def collect(self) -> None:
+        while True:
+            try:
+                self.stats.append(self.out.get(timeout=1.0))
+            except queue.Empty:
+                break
+        self.slow_thread.join(10)
+        reported = {s["surface"]: s for s in self.stats}
+        self.timed_out = [
+            name
+            for name in self.workers
+            if name in self.killed
+            or name not in reported
+            or sum(reported[name]["classes"].values()) < self.per_surface
+        ]
+
+    def check(self, healthy_server_alive: bool) -> None:
+        """Is this server still up and answering its health check? Its error count, from /metrics."""
+        try:
+            up = httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=10).status_code == 200
+            self.errors = errors_answered(self.port) if up else None
+        except httpx.HTTPError:
+            up = False
+        self.alive = up and healthy_server_alive
+
+    def crashes(self) -> int:
+        return (0 if self.alive else 1) + sum(s["internal"] for s in self.stats) + len(self.timed_out)
+
+    def leaks(self) -> int:
+        return sum(s["leaks"] for s in self.stats)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-surface", type=int, default=100_000, help="hostile inputs per surface")
@@ -765,134 +865,81 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as servers:
         proc, port = servers.enter_context(server(args.policy, args.world, Path(tmp) / "serve.log", extra))
-        # the server the attack goes to: the healthy clients' own, or in a control run a decoy
-        attacked, attacked_port = (
-            servers.enter_context(server(args.policy, args.world, Path(tmp) / "decoy.log", extra))
-            if args.control
-            else (proc, port)
-        )
         healthy = Healthy(port, args.world, args.interval_ms / 1000.0)
         healthy.run_for(2.0)  # warm-up
-        baseline = rss_mb(attacked.pid)
+        baseline = rss_mb(proc.pid)
         peak = [baseline]
         stop = threading.Event()
 
         def sample() -> None:
             while not stop.wait(0.05):
                 with contextlib.suppress(OSError):
-                    peak.append(rss_mb(attacked.pid))
+                    peak.append(rss_mb(proc.pid))
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        slow_result: dict[str, int] = {}
-        slow_pause, slow_parked = threading.Event(), threading.Event()
-        slow_pause.set()  # the slowloris connections open with the first attack window
-        slow_args = (attacked_port, args.slowloris, stop, slow_pause, slow_parked, args.slowloris_ramp_s)
-        slow_thread = threading.Thread(
-            target=lambda: slow_result.update(hold_slowloris(*slow_args)),
-            daemon=True,
-        )
-        slow_thread.start()
         context = mp.get_context("spawn")
-        out: Any = context.Queue()
-        gate = Gate(context)
-        # the attackers' interpreters start and build their inputs (JPEG bombs, 8 MB frames: ~0.75 s of
-        # CPU each) before the start line, then wait at the gate for the first attack window
-        start = context.Barrier(4)
-        ws_base, http_base = f"ws://127.0.0.1:{attacked_port}", f"http://127.0.0.1:{attacked_port}"
-        n = args.attack_connections
-        workers = {
-            "session_ws": context.Process(
-                target=attack_session, args=(ws_base, args.per_surface, out, n, gate, start)
-            ),
-            "openpi_ws": context.Process(
-                target=attack_openpi, args=(ws_base, args.per_surface, out, n, gate, start)
-            ),
-            "rest": context.Process(
-                target=attack_rest, args=(http_base, args.per_surface, args.world, out, n, gate, start)
-            ),
-        }
-        for worker in workers.values():
-            worker.start()
-            # before the attacker starts its threads (they inherit it): it builds its inputs first
-            niceness = min(19, os.getpriority(os.PRIO_PROCESS, 0) + args.attacker_nice)
-            os.setpriority(os.PRIO_PROCESS, worker.pid, niceness)
-        with contextlib.suppress(threading.BrokenBarrierError):  # an attacker that died is reported below
-            start.wait(timeout=120)
-
-        def attacking() -> bool:
-            return any(worker.is_alive() for worker in workers.values())
+        # "attack" windows go to the healthy clients' server; with --control, "control" windows, in
+        # turn with them, to an identical decoy (what the same load costs with nothing hostile served)
+        attacks = {"attack": Attack(context, port, args, stop)}
+        if args.control:
+            decoy = servers.enter_context(server(args.policy, args.world, Path(tmp) / "decoy.log", extra))
+            attacks["control"] = Attack(context, decoy[1], args, stop)
+        for attack in attacks.values():
+            attack.start()
+        for attack in attacks.values():
+            attack.at_start_line()
 
         healthy.start()  # from here to the end of recovery, every request timestamped
         windows: list[Window] = []
         first = time.perf_counter()
-        idle_cpu = cpu_s(attacked.pid)
+        idle_cpu = cpu_s(proc.pid)
         time.sleep(args.idle_seconds)
         windows.append(("idle", first, time.perf_counter()))
-        # the attacked server's CPU for the healthy clients alone, per second (none on a decoy): what
-        # the attack windows' CPU holds besides the attack (the healthy clients keep the same pace)
-        healthy_cpu_per_s = (cpu_s(attacked.pid) - idle_cpu) / (time.perf_counter() - first)
+        # the server's CPU for the healthy clients alone, per second: what the attack windows' CPU
+        # holds besides the attack (the healthy clients keep the same pace through them)
+        healthy_cpu_per_s = (cpu_s(proc.pid) - idle_cpu) / (time.perf_counter() - first)
         attack_seconds = server_cpu = 0.0
-        while attacking() and not gate.halt.is_set():
-            opened, cpu_before = time.perf_counter(), cpu_s(attacked.pid)
-            slow_pause.clear()
-            gate.go.set()
+        turn = 0
+        while live := [kind for kind, attack in attacks.items() if attack.attacking()]:
+            kind = live[turn % len(live)]
+            turn += 1
+            opened, cpu_before = time.perf_counter(), cpu_s(proc.pid)
             closes = opened + min(args.attack_window_s, args.max_seconds - attack_seconds)
-            while time.perf_counter() < closes and attacking():
-                time.sleep(0.05)
-            gate.go.clear()
-            slow_pause.set()
-            # the window ends once every input sent in it was answered and the slowloris sockets closed
-            _wait_until(lambda: gate.idle() and (slow_parked.is_set() or not slow_thread.is_alive()), 90.0)
+            attacks[kind].run_window(closes)
             closed = time.perf_counter()
-            windows.append(("attack", opened, closed))
-            attack_seconds += closed - opened
-            if attacked.poll() is None:
-                server_cpu += cpu_s(attacked.pid) - cpu_before
-            if attack_seconds >= args.max_seconds:
-                gate.halt.set()  # the parked attackers see it and report
-            if attacking() and not gate.halt.is_set():
+            windows.append((kind, opened, closed))
+            if kind == "attack":
+                attack_seconds += closed - opened
+                if proc.poll() is None:
+                    server_cpu += cpu_s(proc.pid) - cpu_before
+            if attack_seconds >= args.max_seconds or proc.poll() is not None:
+                break
+            if any(attack.attacking() for attack in attacks.values()):
                 time.sleep(args.settle_s + args.pause_s)
                 windows.append(("idle", closed + args.settle_s, time.perf_counter()))
-        gate.halt.set()
-        for worker in workers.values():
-            worker.join(90.0)  # parked or finished: they only report now
-        killed = [name for name, worker in workers.items() if worker.is_alive()]
-        for name in killed:
-            workers[name].terminate()
-            workers[name].join()
+        for attack in attacks.values():
+            attack.finish()
         recovery = time.perf_counter() + args.settle_s
         time.sleep(args.settle_s + (args.recovery_seconds if proc.poll() is None else 0.0))
         windows.append(("idle", recovery, time.perf_counter()))
         robot, trainer = healthy.stop()
-        stats: list[dict[str, Any]] = []
-        while True:
-            try:
-                stats.append(out.get(timeout=1.0))
-            except queue.Empty:
-                break
+        for attack in attacks.values():
+            attack.collect()
         stop.set()
         sampler.join()
-        slow_thread.join(10)
-        alive = proc.poll() is None and attacked.poll() is None
-        health = httpx.get(f"{http_base}/healthz", timeout=10).status_code if alive else None
-        errors = {
-            "healthy_clients_server": errors_answered(port),
-            "attacked_server": errors_answered(attacked_port),
-        }
+        alive = proc.poll() is None
+        for attack in attacks.values():
+            attack.check(alive)
         time.sleep(1.0)
-        end_rss = rss_mb(attacked.pid) if alive else float("nan")
+        end_rss = rss_mb(proc.pid) if alive else float("nan")
         log_lines = sum(1 for log in Path(tmp).glob("*.log") for _ in log.open())
 
+    main_attack = attacks["attack"]
+    stats = main_attack.stats
     sent = sum(s["sent"] for s in stats)
-    reported = {s["surface"]: s for s in stats}
-    timed_out = [
-        name
-        for name in workers
-        if name in killed or sum(reported[name]["classes"].values()) < args.per_surface
-    ]
-    internal = sum(s["internal"] for s in stats)
-    crashes = (0 if alive and health == 200 else 1) + internal + healthy.failures + len(timed_out)
+    # each server's own health check (the healthy clients' server's is "attack"'s) and errors
+    crashes = healthy.failures + sum(attack.crashes() for attack in attacks.values())
     if args.samples_out is not None:
         args.samples_out.write_text(json.dumps({"windows": windows, "robot": robot, "trainer": trainer}))
     robot_report = p99_report(robot, windows, args.min_round_requests)
@@ -910,10 +957,10 @@ def main(argv: list[str] | None = None) -> int:
         "server_args": extra,
         "crashes": crashes,
         "server_alive": alive,
-        "internal_errors": internal,
+        "internal_errors": sum(s["internal"] for s in stats),
         "healthy_failures": healthy.failures,
-        "surfaces_timed_out": timed_out,
-        "traceback_leaks": sum(s["leaks"] for s in stats),
+        "surfaces_timed_out": main_attack.timed_out,
+        "traceback_leaks": sum(attack.leaks() for attack in attacks.values()),
         "rss_baseline_mb": round(baseline, 1),
         "rss_peak_over_baseline_mb": round(max(peak) - baseline, 1),
         "rss_end_over_baseline_mb": round(end_rss - baseline, 1),
@@ -924,14 +971,13 @@ def main(argv: list[str] | None = None) -> int:
         "robot_p99": robot_report,
         "trainer_p99": trainer_report,
         "windows": {
-            "attack": sum(1 for kind, _, _ in windows if kind == "attack"),
-            "idle": sum(1 for kind, _, _ in windows if kind == "idle"),
+            **{kind: sum(1 for k, _, _ in windows if k == kind) for kind in ("attack", "control", "idle")},
             "attack_window_s": args.attack_window_s,
             "pause_s": args.pause_s,
             "settle_s": args.settle_s,
         },
         "server_log_lines": log_lines,
-        "errors_answered": errors if alive else None,  # the control's healthy server answered none
+        "errors_answered": main_attack.errors,
         "attack_seconds": round(attack_seconds, 1),
         "server_cpu_s_during_attack": round(server_cpu, 1),
         "server_cpu_ms_per_input": round(1000.0 * server_cpu / max(sent, 1), 2),  # healthy clients' too
@@ -941,9 +987,28 @@ def main(argv: list[str] | None = None) -> int:
         "server_healthy_cpu_per_s": round(healthy_cpu_per_s, 3),
         "attackers_cpu_s": round(sum(s["cpu_s"] for s in stats), 1),
         "total_seconds": round(time.monotonic() - started, 1),
-        **slow_result,
+        **main_attack.slowloris,
         "surfaces": stats,
     }
+    if args.control:
+        control = attacks["control"]
+        as_attack = [
+            ("attack" if k == "control" else "other" if k == "attack" else k, a, b) for k, a, b in windows
+        ]
+        robot_control = p99_report(robot, as_attack, args.min_round_requests)
+        trainer_control = p99_report(trainer, as_attack, args.min_round_requests)
+        result |= {
+            "robot_p99_ratio_control": robot_control["ratio"],
+            "trainer_p99_ratio_control": trainer_control["ratio"],
+            "control_p99": {"robot": robot_control, "trainer": trainer_control},
+            "control_decoy": {
+                "hostile_inputs_sent": sum(s["sent"] for s in control.stats),
+                "errors_answered": control.errors,
+                "surfaces_timed_out": control.timed_out,
+                **control.slowloris,
+                "surfaces": control.stats,
+            },
+        }
     sys.stdout.write(json.dumps(result) + "\n")
     return 0
 
