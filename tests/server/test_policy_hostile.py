@@ -112,7 +112,8 @@ def test_a_message_above_the_frame_limit_is_cut_off_while_it_streams(running: Ru
     def fragments(ws: ClientConnection) -> Iterator[bytes]:
         # 256 KiB + 1 byte (the limit is 256 KiB), then wait: the server must close before the
         # message ends. Every byte sent is read by the server, so its close frame is never lost to
-        # a reset (a larger overshoot raced the close against unread data).
+        # a reset (before the server drained after its close, a larger overshoot raced the close
+        # against unread data).
         yield from [b"\0" * (64 * 1024)] * 4 + [b"\0"]
         deadline = time.monotonic() + 10
         while ws.protocol.close_rcvd is None and time.monotonic() < deadline:

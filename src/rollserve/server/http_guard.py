@@ -19,10 +19,12 @@ close it). Spread, they arrive and close about evenly.
 Bodies and websockets are unaffected: their own limits apply (a rollout body has its own read
 deadline, ``server/rollout/routes.py``).
 
-Requests pipelined before a refused one are answered first: the 431 (or the deadline's close)
-waits until their answers are out, and nothing after the refused request is read. uvicorn's own
-path for parser errors would close at once, dropping those answers, and log a deliberate refusal
-as "Invalid HTTP request received.", so the cap's stop never reaches it (:class:`_CapAwareParser`).
+Requests pipelined before a refused one are answered first: the 431 or the 400 for a malformed
+request (or the deadline's close) waits until their answers are out, and nothing after the refused
+request is read. uvicorn's own path for parser errors would close at once, dropping those answers
+(kept only for a malformed body: its app may be waiting for the rest of it), and log a deliberate
+refusal as "Invalid HTTP request received.", so the cap's stop never reaches it
+(:class:`_CapAwareParser`).
 
 It also gives each connection its :class:`RefusalStreak` (in every request's scope), so the
 routes can slow down a connection that keeps sending refused input (``server/penalty.py``).
@@ -36,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from rollserve.server.penalty import SCOPE_KEY, RefusalStreak
 
@@ -46,6 +48,14 @@ _HEADERS_TOO_LARGE = (
 
 
 HEADER_DEADLINE_SPREAD = 1.5  # a header deadline falls between 1x and this times the timeout
+
+
+def _bad_request(message: str, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    """uvicorn's answer to a malformed request (its ``send_400_response``), to be written later."""
+    body = message.encode("ascii")
+    headers = b"".join(name + b": " + value + b"\r\n" for name, value in default_headers)
+    fixed = b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+    return STATUS_LINE[400] + headers + fixed % len(body) + body
 
 
 class _HeadersTooLarge(Exception):
@@ -84,6 +94,7 @@ def guarded_http_protocol(header_timeout_s: float, max_header_bytes: int) -> typ
         _parsed_header_bytes = 0  # this request's URL, header names and values as parsed
         _headers_too_large = False
         _in_message = False  # the parser is inside a request (its body may outlive its answer)
+        _in_body = False  # ... and past its headers: it has a cycle, whose app may await the body
         _message_ended = False  # a request ended within the bytes being parsed
         _last_words: bytes | None = None  # ending: written, then closed, once the answers are out
 
@@ -119,7 +130,7 @@ def guarded_http_protocol(header_timeout_s: float, max_header_bytes: int) -> typ
             super().on_message_begin()
             self.scope[SCOPE_KEY] = self._refusals  # type: ignore[literal-required]
             self._parsed_header_bytes = 0
-            self._in_message = True
+            self._in_message, self._in_body = True, False
             if self._header_timer is None:
                 self._arm()
 
@@ -133,12 +144,21 @@ def guarded_http_protocol(header_timeout_s: float, max_header_bytes: int) -> typ
 
         def on_headers_complete(self) -> None:
             self._disarm()
+            self._in_body = True
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
-            self._in_message = False
+            self._in_message = self._in_body = False
             self._message_ended = True
             super().on_message_complete()
+
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's 400 for a malformed request, after the answers due before it. A malformed
+            body is answered at once, as uvicorn does: its request's app may await the rest."""
+            if self._in_body or not self._answers_due():
+                super().send_400_response(msg)
+            else:
+                self._end(_bad_request(msg, self.server_state.default_headers))
 
         def on_response_complete(self) -> None:
             super().on_response_complete()  # starts the next pipelined request, if any
