@@ -5,7 +5,9 @@ and then the batch of new actions failed (its replies lost, or one item refused)
 step ended its episode in a batch where another item was refused. That end must still reach the
 caller: the next ``step`` that returns reports it (sub-env 0 applies no new action), and sub-env 0
 autoresets on the one after, as gymnasium's next-step autoreset does. Before, sub-env 0 autoreset
-at once and the caller never saw ``terminated``.
+at once and the caller never saw ``terminated``. Likewise a sub-env that autoreset in a ``step``
+that raised reports its new episode's first observation on the next ``step`` (applying no action);
+before, that observation was lost and the caller's next action went to an episode it never saw.
 
 Real server; a toy world whose episode ends when the gripper is commanded fully closed (1.0), so
 one sub-env can end while the other goes on. Expected observations follow the toy world's rule,
@@ -171,5 +173,65 @@ def test_a_held_episode_end_survives_a_second_failed_step_and_a_reset_drops_it(u
         _, _, terminated, truncated, info = venv.step(np.stack([go(0.2), go(0.2)]))
         assert not terminated.any() and not truncated.any() and info == {}
         assert committed(venv) == [0, 0]
+    finally:
+        venv.close()
+
+
+def toy_start(seed: int) -> np.ndarray:
+    """The toy world's first observation from ``seed`` (its rule, written out here)."""
+    rng = np.random.default_rng(seed)
+    joints, target = rng.uniform(-0.5, 0.5, 7), rng.uniform(-0.9, 0.9, 7)
+    return np.concatenate([joints, [0.0], target]).astype(np.float32)
+
+
+def autoreset_seed(seed: int) -> int:
+    """The seed of a sub-env's first autoreset after ``reset(seed=...)`` gave it ``seed``: the first
+    draw of a generator seeded with it (gymnasium's ``np_random``), as ``SyncVectorEnv`` does."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed)))
+    return int(rng.integers(2**31))
+
+
+def fail_step_of_sub_env_1(venv: RolloutVectorEnv, transport: DropPlanned, failure: str) -> None:
+    """A ``step`` that raises: sub-env 1's item is refused, or the batch's replies are all lost."""
+    if failure == "replies_lost":
+        transport.plan = list(LOST)
+        with pytest.raises(httpx.TransportError):
+            venv.step(np.stack([go(0.5), go(0.2)]))
+    else:
+        with pytest.raises(RolloutRequestError):
+            venv.step(np.stack([go(0.5), NAN]))
+
+
+@pytest.mark.parametrize("failures", [1, 2], ids=["once", "twice"])
+@pytest.mark.parametrize("failure", ["item_refused", "replies_lost"])
+def test_an_autoreset_in_a_step_that_raises_is_reported_by_the_next_step(
+    url: str, failure: str, failures: int
+) -> None:
+    """Sub-env 0 autoresets in a ``step`` that raises: its new episode's first observation still
+    reaches the caller, from the next ``step`` that returns (no action applied to it, reward 0, no
+    end, ``info["reported_late"]``), and its new episode steps from there on the one after."""
+    transport = DropPlanned()
+    venv = vector(url, transport)
+    try:
+        start, _ = venv.reset(seed=70)
+        _, _, terminated, *_ = venv.step(np.stack([END, go(0.1)]))  # sub-env 0's episode ends
+        assert terminated.tolist() == [True, False]
+        sub1 = [go(0.1)]
+        for _ in range(failures):  # sub-env 0 autoresets, then the step raises
+            fail_step_of_sub_env_1(venv, transport, failure)
+            assert committed(venv)[0] == -1
+        if failure == "replies_lost":  # the first lost step: a second failing step lost its resend
+            sub1.append(go(0.2))  # applied by the server, settled by the next step
+        first = toy_start(autoreset_seed(70))
+        obs, rewards, terminated, truncated, info = venv.step(np.stack([go(0.7), go(0.3)]))
+        sub1.append(go(0.3))
+        assert_near(obs[0], first)  # the new episode's first observation, not moved(first, 0.7)
+        assert rewards[0] == 0.0 and not terminated.any() and not truncated.any()
+        assert info["reported_late"][0] is np.True_ and info["_reported_late"].tolist() == [True, False]
+        assert_near(obs[1], moved(start[1], *sub1))
+        assert committed(venv) == [-1, len(sub1) - 1]  # sub-env 0 applied no action
+        obs, *_ = venv.step(np.stack([go(0.4), go(0.4)]))  # the new episode steps from ``first``
+        assert_near(obs[0], moved(first, go(0.4)))
+        assert committed(venv) == [0, len(sub1)]
     finally:
         venv.close()

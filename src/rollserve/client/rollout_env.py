@@ -216,8 +216,8 @@ LOST = "session_lost"
 SETTLED = "settled_step"
 """Info key of a step that reports the settled lost step's episode end: that step's id."""
 LATE = "reported_late"
-"""Info key (True) of a ``RolloutVectorEnv`` sub-env reporting an episode end that a ``step`` which
-raised had recorded: this step applied no action to it."""
+"""Info key (True) of a ``RolloutVectorEnv`` sub-env reporting an episode end, or an autoreset's
+first observation, that a ``step`` which raised had recorded: this step applied no action to it."""
 
 
 class RolloutEnv(gym.Env[np.ndarray, np.ndarray]):
@@ -329,6 +329,7 @@ class _Outcome:
     infos: dict[str, Any] = field(default_factory=dict)
     errors: list[RolloutRequestError] = field(default_factory=list)
     single_infos: list[dict[str, Any]] = field(default_factory=list)  # each sub-env's, unbatched
+    reset: list[int] = field(default_factory=list)  # the sub-envs whose obs is a new episode's first
 
     @classmethod
     def empty(cls, n: int) -> _Outcome:
@@ -342,8 +343,9 @@ class _Outcome:
 
 
 @dataclass(frozen=True)
-class _Ended:
-    """A sub-env's episode end that a ``step`` recorded before it raised: reported by the next."""
+class _Held:
+    """A sub-env's part of a ``step`` that raised after recording it (an episode end, or an
+    autoreset's first observation): the next ``step`` reports it."""
 
     obs: Any
     reward: float
@@ -397,7 +399,7 @@ class RolloutVectorEnv(VectorEnv):
         self._sessions = [_Session(self.client, entry["id"], render) for _ in range(num_envs)]
         self._needs_reset = np.zeros(num_envs, dtype=bool)
         self._rngs: list[np.random.Generator | None] = [None] * num_envs  # per sub-env, as gymnasium's
-        self._held: dict[int, _Ended] = {}  # episode ends of a step that raised, for the next to report
+        self._held: dict[int, _Held] = {}  # ends and autoresets of a step that raised, for the next
 
     def reset(
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
@@ -428,7 +430,10 @@ class RolloutVectorEnv(VectorEnv):
         episode ended in a ``step`` that raised (for whatever reason) applies no action on the next
         ``step`` that returns; it reports that end there (its observation, reward, flags and info,
         with ``info["reported_late"]``) and autoresets on the following ``step``, as if that end had
-        come one step late. A ``reset`` drops such ends (its episodes are new). A sub-env
+        come one step late. Nor is a new episode's first observation: a sub-env that autoreset in a
+        ``step`` that raised applies no action on the next ``step`` that returns either; it reports
+        that observation there (reward 0, no end, ``info["reported_late"]``) and its new episode
+        steps on the following one. A ``reset`` drops what is held (its episodes are new). A sub-env
         whose session the server no longer holds is no error: it is truncated (last observation,
         reward 0, ``info["session_lost"]``) and resets, with a new session, on the next ``step``.
 
@@ -448,27 +453,30 @@ class RolloutVectorEnv(VectorEnv):
             if out.errors:
                 raise out.errors[0]
         except BaseException:
-            self._hold_ends(out)
+            self._hold(out)
             raise
         return self._batched(out.obs), out.rewards, out.terminated, out.truncated, out.infos
 
     def _report_held(self, out: _Outcome) -> set[int]:
-        """Put the episode ends held from a ``step`` that raised into this one's outcome; those
-        sub-envs, which neither reset nor step now."""
+        """Put the episode ends and autoresets held from a ``step`` that raised into this one's
+        outcome; those sub-envs, which neither reset nor step now."""
         held, self._held = self._held, {}
-        for i, end in held.items():
-            out.obs[i], out.rewards[i] = end.obs, end.reward
-            out.terminated[i], out.truncated[i] = end.terminated, end.truncated
-            self._info(out, i, end.info)
+        for i, part in held.items():
+            out.obs[i], out.rewards[i] = part.obs, part.reward
+            out.terminated[i], out.truncated[i] = part.terminated, part.truncated
+            if not (part.terminated or part.truncated):
+                out.reset.append(i)  # a first observation: held again if this step raises too
+            self._info(out, i, part.info)
         return set(held)
 
-    def _hold_ends(self, out: _Outcome) -> None:
-        """Keep the episode ends of a ``step`` about to raise, for the next ``step`` to report (their
-        sub-envs already committed them, and would otherwise autoreset unseen)."""
-        for i in out.ended():
+    def _hold(self, out: _Outcome) -> None:
+        """Keep the episode ends and autoresets of a ``step`` about to raise, for the next ``step``
+        to report: their sub-envs already moved on (an ended one would otherwise autoreset unseen,
+        a reset one step its new episode before its first observation was seen)."""
+        for i in [*out.ended(), *out.reset]:
             info = {**out.single_infos[i], LATE: True}
             flags = bool(out.terminated[i]), bool(out.truncated[i])
-            self._held[i] = _Ended(out.obs[i], float(out.rewards[i]), *flags, info)
+            self._held[i] = _Held(out.obs[i], float(out.rewards[i]), *flags, info)
 
     def _info(self, out: _Outcome, i: int, info: dict[str, Any]) -> None:
         """Add sub-env ``i``'s info: batched (gymnasium's vector infos) and as its own."""
@@ -485,6 +493,7 @@ class RolloutVectorEnv(VectorEnv):
             if self._needs_reset[i]:
                 out.obs[i] = session.reset(self._seed(i, None))
                 self._needs_reset[i] = False
+                out.reset.append(i)
             else:
                 stepping.append(i)
         return stepping

@@ -138,12 +138,26 @@ def _finite_array(values: Any, name: str) -> np.ndarray:
         return np.array(values, dtype=np.float64)
     if isinstance(values, np.ndarray) and values.size > MAX_VECTOR:
         raise ValueError(f"{name} holds more than {MAX_VECTOR} values")
+    if _holds_bool(values):  # numpy would read True as 1.0, as JSON's true is no number
+        raise ValueError(f"{name} must hold numbers, not booleans")
     array = np.asarray(values, dtype=np.float64).reshape(-1)
     if array.size > MAX_VECTOR:
         raise ValueError(f"{name} holds more than {MAX_VECTOR} values")
     if not (np.abs(array) <= FLOAT32_MAX).all():  # NaN compares False too
         raise ValueError(f"{name} must be finite and within float32 range")
     return array
+
+
+def _holds_bool(values: Any) -> bool:
+    """A boolean anywhere in ``values`` (a scalar, a bool array, nested lists; without recursion)."""
+    stack = [values]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, bool | np.bool_) or (isinstance(value, np.ndarray) and value.dtype == np.bool_):
+            return True
+        if isinstance(value, list | tuple):
+            stack.extend(value)
+    return False
 
 
 def as_float32(value: Any) -> np.ndarray:
