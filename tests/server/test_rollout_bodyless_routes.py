@@ -7,16 +7,8 @@ capacity until the TTL.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
-
-from rollserve.models.worlds import ToyWorld
-from rollserve.server.app import create_app
-from rollserve.server.rollout.service import RolloutService
-from rollserve.server.running import serving
-from rollserve.server.settings import ServerSettings
 
 SESSIONS = "/v1/realtime/sessions"
 BODIES = [
@@ -25,14 +17,6 @@ BODIES = [
     (b"\xc1", "application/msgpack"),
     (b'{"reason": "done"}', "application/json"),
 ]
-
-
-@pytest.fixture(scope="module")
-def http() -> Iterator[httpx.Client]:
-    settings = ServerSettings()
-    app = create_app(settings, rollout=RolloutService(ToyWorld(), settings))
-    with serving(app) as server, httpx.Client(base_url=server.http_url) as client:
-        yield client
 
 
 @pytest.mark.parametrize(("body", "media"), BODIES)

@@ -5,29 +5,12 @@ the choice). A ``render`` in a reset or fork body was silently ignored (200, no 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
-import pytest
-
-from rollserve.models.worlds import ToyWorld
-from rollserve.server.app import create_app
-from rollserve.server.rollout.service import RolloutService
-from rollserve.server.running import serving
-from rollserve.server.settings import ServerSettings
 
 SESSIONS = "/v1/realtime/sessions"
 ACTION = {"joint_positions": [0.1] * 7, "gripper_position": 0.5}
 RENDER = {"cameras": ["exterior"], "height": 64, "width": 64}
 MESSAGE = "body: Value error, render is chosen when a session is created; a reset or fork keeps the session's"
-
-
-@pytest.fixture(scope="module")
-def http() -> Iterator[httpx.Client]:
-    settings = ServerSettings(max_batch_wait_ms=0.0)
-    app = create_app(settings, rollout=RolloutService(ToyWorld(), settings))
-    with serving(app) as server, httpx.Client(base_url=server.http_url) as client:
-        yield client
 
 
 def _session_at_step_0(http: httpx.Client, sid: str) -> None:

@@ -6,31 +6,11 @@ An out-of-range step_id (2**64, sent in a JSON body) with a msgpack answer used 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import msgpack
 import pytest
 
-from rollserve.models.worlds import ToyWorld
-from rollserve.server.app import create_app
-from rollserve.server.rollout.service import RolloutService
-from rollserve.server.running import serving
-from rollserve.server.settings import ServerSettings
-
 SESSIONS = "/v1/realtime/sessions"
-
-
-@pytest.fixture(scope="module")
-def http() -> Iterator[httpx.Client]:
-    config = ServerSettings(max_batch_wait_ms=0.0)
-    service = RolloutService(ToyWorld(), config)
-    with (
-        serving(create_app(config, rollout=service)) as running,
-        httpx.Client(base_url=running.http_url, timeout=30.0) as client,
-    ):
-        yield client
-    service.close()
 
 
 def _refused_step(http: httpx.Client, step_id: object, accept: str, action: object) -> dict:
