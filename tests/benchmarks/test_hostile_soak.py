@@ -20,20 +20,24 @@ from typing import Any
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def test_short_soak_has_no_crash_no_leak_and_bounded_memory(tmp_path: Path) -> None:
-    args = ["--per-surface", "600", "--world", "toy", "--idle-seconds", "2", "--slowloris", "10"]
-    args += ["--recovery-seconds", "2", "--attacker-nice", "5"]
-    args += ["--attack-window-s", "2.5", "--pause-s", "1", "--min-round-requests", "10"]
-    args += ["--slowloris-ramp-s", "0.3"]
-    args += ["--samples-out", str(tmp_path / "samples.json")]
+def _soak(args: list[str]) -> dict[str, Any]:
+    """Run the soak with ``args``; its one JSON line."""
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "hostile_soak.py"), *args, "--max-seconds", "150"],
+        [sys.executable, str(BENCHMARKS / "hostile_soak.py"), *args],
         capture_output=True, text=True, timeout=300, env=dict(os.environ),
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 1, "the soak prints exactly one JSON line"
-    result = json.loads(lines[0])
+    return json.loads(lines[0])
+
+
+def test_short_soak_has_no_crash_no_leak_and_bounded_memory(tmp_path: Path) -> None:
+    args = ["--per-surface", "600", "--world", "toy", "--idle-seconds", "2", "--slowloris", "10"]
+    args += ["--recovery-seconds", "2", "--attacker-nice", "5"]
+    args += ["--attack-window-s", "2.5", "--pause-s", "1", "--min-round-requests", "10"]
+    args += ["--slowloris-ramp-s", "0.3"]
+    result = _soak([*args, "--samples-out", str(tmp_path / "samples.json"), "--max-seconds", "150"])
     assert result["crashes"] == 0 and result["server_alive"], result
     assert result["traceback_leaks"] == 0
     assert result["rss_ok"], (result["rss_peak_over_baseline_mb"], result["rss_bound_mb"])
@@ -96,13 +100,7 @@ def test_control_soak_takes_turns_with_an_identical_attack_on_a_decoy(tmp_path: 
     args = ["--per-surface", "200", "--world", "toy", "--idle-seconds", "1", "--slowloris", "5"]
     args += ["--recovery-seconds", "1", "--attack-window-s", "1.5", "--pause-s", "0.5"]
     args += ["--min-round-requests", "5", "--slowloris-ramp-s", "0.3", "--control"]
-    args += ["--samples-out", str(tmp_path / "samples.json")]
-    done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "hostile_soak.py"), *args, "--max-seconds", "100"],
-        capture_output=True, text=True, timeout=300, env=dict(os.environ),
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    result = json.loads(done.stdout)
+    result = _soak([*args, "--samples-out", str(tmp_path / "samples.json"), "--max-seconds", "100"])
     assert result["control"] is True and result["crashes"] == 0 and result["traceback_leaks"] == 0, result
     decoy = result["control_decoy"]
     assert result["hostile_inputs_sent"] >= 590 and decoy["hostile_inputs_sent"] >= 590

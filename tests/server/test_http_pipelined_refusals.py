@@ -6,13 +6,17 @@ pipelined requests (a reviewer's findings):
 - requests pipelined before the refused one are answered first, in order, then the 431 goes out
   and the connection closes; uvicorn closes on any parser error at once, which dropped them;
 - the deadline for a pipelined request's headers likewise closes only after the answers before it;
-- the bytes of a pipelined request's body never count as the next request's header bytes.
+- the bytes of a pipelined request's body never count as the next request's header bytes;
+- a malformed request (uvicorn's 400) pipelined after valid ones likewise waits for their answers
+  (the client got the 400 alone); a malformed *body* is still answered at once, as uvicorn does:
+  its request's app may be waiting for the rest of the body, which will never come.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -214,3 +218,49 @@ def test_a_pipelined_body_does_not_count_as_the_next_requests_headers(running: R
         answers = _responses(_read_until_closed(sock))
     assert len(answers) == 2 and answers[0].endswith(_answer(b"ate 10000\n"))
     assert answers[1].startswith(b"HTTP/1.1 200 OK\r\n") and answers[1].endswith(b"\r\n\r\nseen next\n")
+
+
+GARBAGE = b"\x00 this is not HTTP\r\n\r\n"
+
+
+def _answers(data: bytes) -> list[tuple[int, bytes]]:
+    """Each response's status and body (the bodies here hold no status line)."""
+    parts = re.split(rb"(?=HTTP/1\.1 \d{3} )", data)[1:]
+    assert b"".join(parts) == data, data  # nothing before the first status line
+    return [(int(part[9:12]), part.partition(b"\r\n\r\n")[2]) for part in parts]
+
+
+def _exchange(server: RunningServer, data: bytes) -> socket.socket:
+    sock = socket.create_connection((server.host, server.port), timeout=WAIT_S)
+    sock.sendall(data)  # all of it in one write
+    return sock
+
+
+def test_both_valid_answers_come_before_the_400(running: RunningServer) -> None:
+    with _exchange(running, _get(b"/healthz") + _get(b"/healthz") + GARBAGE) as sock:
+        data = _read_until_closed(sock)
+    assert _answers(data) == [(200, b"OK\n"), (200, b"OK\n"), (400, INVALID.encode())]
+    assert b"\r\nconnection: close\r\n" in data.rpartition(b"HTTP/1.1 400")[2]
+
+
+def test_the_400_waits_for_a_slow_answer_before_it(running: RunningServer) -> None:
+    with _exchange(running, _get(b"/slow") + _get(b"/healthz") + GARBAGE) as sock:
+        assert STARTED.wait(WAIT_S)  # all parsed: the 400 is due while /slow is answering
+        RELEASE.set()
+        expected = [(200, b"slow\n"), (200, b"OK\n"), (400, INVALID.encode())]
+        assert _answers(_read_until_closed(sock)) == expected
+
+
+def test_a_malformed_request_with_nothing_due_is_answered_at_once(running: RunningServer) -> None:
+    with _exchange(running, GARBAGE) as sock:
+        assert _answers(_read_until_closed(sock)) == [(400, INVALID.encode())]
+
+
+def test_a_malformed_body_is_answered_at_once_while_its_app_waits_for_it(running: RunningServer) -> None:
+    """The app of the request whose chunked body breaks is still reading it: waiting for its
+    answer first would wait forever. uvicorn's immediate 400 and close end it."""
+    head = b"POST /eat HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n"
+    with _exchange(running, head) as sock:
+        assert EATING.wait(WAIT_S)  # the app has its headers and part of the body
+        sock.sendall(b"not a chunk size\r\n")
+        assert _answers(_read_until_closed(sock)) == [(400, INVALID.encode())]
