@@ -54,7 +54,11 @@ MODULES: dict[str, CoreModule] = {
     ),
     "request_path": CoreModule(
         ("src/rollserve/engine/request_path.py",),
-        ("tests/server/test_policy_service.py", "tests/server/test_request_path.py"),
+        (
+            "tests/server/test_policy_service.py",
+            "tests/server/test_request_path.py",
+            "tests/server/test_policy_inflight_replacement.py",
+        ),
     ),
     "rollout": CoreModule(
         ("src/rollserve/server/rollout/service.py", "src/rollserve/server/rollout/store.py"),
