@@ -108,15 +108,12 @@ def test_reopening_elsewhere_refuses_the_old_connections_queued_request() -> Non
     policy = GatedPolicy()
     service, server = _serve(policy)
     with server as running, _raw(running) as blocker, _raw(running) as old, _raw(running) as new:
-        _open(blocker, "blocker")
-        blocker.send(_obs(1, 0))
-        assert policy.entered.wait(10)
+        _occupy(blocker, policy)  # the model is busy: what follows queues behind it
         epoch = _open(old, "robot-1").session_epoch
         old.send(_obs(7, epoch))
         _wait_until(lambda: service.worker.queue_depth >= 1)
         _open(new, "robot-1")
-        policy.release.set()
-        assert isinstance(decode_message(blocker.recv(timeout=10)), ActionChunkMsg)
+        _free(blocker, policy)
         _assert_error(decode_message(old.recv(timeout=10)), "unknown_session", 7)
 
 
@@ -157,9 +154,7 @@ def test_an_old_epoch_request_superseded_after_a_reset_is_refused_not_listed() -
     policy = GatedPolicy()
     service, server = _serve(policy)
     with server as running, _raw(running) as blocker, _raw(running) as ws:
-        _open(blocker, "blocker")
-        blocker.send(_obs(1, 0))
-        assert policy.entered.wait(10)
+        _occupy(blocker, policy)  # the model is busy: what follows queues behind it
         epoch = _open(ws, "robot-1").session_epoch
         ws.send(_obs(1, epoch))
         _wait_until(lambda: service.worker.queue_depth >= 1)  # queued under the old epoch
@@ -170,6 +165,19 @@ def test_an_old_epoch_request_superseded_after_a_reset_is_refused_not_listed() -
         replies = _replies(ws, 2)
         _assert_error(replies[1], "stale_epoch", 1)
         assert isinstance(replies[3], ActionChunkMsg) and replies[3].superseded_seq_ids == []
+
+
+def _occupy(blocker: ClientConnection, policy: GatedPolicy) -> None:
+    """Hold the model in a call of another session's, so what is sent next waits in the queue."""
+    _open(blocker, "blocker")
+    blocker.send(_obs(1, 0))
+    assert policy.entered.wait(10)
+
+
+def _free(blocker: ClientConnection, policy: GatedPolicy) -> None:
+    """Let the held call finish; its chunk is answered."""
+    policy.release.set()
+    assert isinstance(decode_message(blocker.recv(timeout=10)), ActionChunkMsg)
 
 
 def _error(ws: ClientConnection) -> tuple[str, int | None]:
@@ -192,17 +200,14 @@ def test_queued_observations_of_a_reset_epoch_never_reach_the_model() -> None:
     service, server = _serve(policy, inline_below_ms=0.0)  # every call on the thread
     calls_before, rows_before = _batch_metric("_count"), _batch_metric("_sum")
     with server as running, _raw(running) as blocker, _raw(running) as a, _raw(running) as b:
-        _open(blocker, "blocker")
-        blocker.send(_obs(1, 0))
-        assert policy.entered.wait(10)  # the model is busy: what follows queues behind it
+        _occupy(blocker, policy)  # the model is busy: what follows queues behind it
         epoch_a, epoch_b = _open(a, "robot-a").session_epoch, _open(b, "robot-b").session_epoch
         a.send(_obs(5, epoch_a))
         b.send(_obs(9, epoch_b))
         _wait_until(lambda: service.worker.queue_depth == 2)
         assert _reset(a, 6, epoch_a) == epoch_a + 1
         assert _reset(b, 10, epoch_b) == epoch_b + 1
-        policy.release.set()
-        assert isinstance(decode_message(blocker.recv(timeout=10)), ActionChunkMsg)
+        _free(blocker, policy)
         assert _error(a) == ("stale_epoch", 5)
         assert _error(b) == ("stale_epoch", 9)
         assert _rows(policy) == [1]  # the blocker's call only: neither old observation ran
@@ -221,15 +226,12 @@ def test_a_queued_observation_of_a_replaced_session_never_reaches_the_model() ->
     policy = GatedPolicy()
     service, server = _serve(policy, inline_below_ms=0.0)  # every call on the thread
     with server as running, _raw(running) as blocker, _raw(running) as old, _raw(running) as new:
-        _open(blocker, "blocker")
-        blocker.send(_obs(1, 0))
-        assert policy.entered.wait(10)
+        _occupy(blocker, policy)  # the model is busy: what follows queues behind it
         epoch = _open(old, "robot-1").session_epoch
         old.send(_obs(3, epoch))
         _wait_until(lambda: service.worker.queue_depth == 1)
         assert _open(new, "robot-1").session_epoch == epoch + 1
-        policy.release.set()
-        assert isinstance(decode_message(blocker.recv(timeout=10)), ActionChunkMsg)
+        _free(blocker, policy)
         assert _error(old) == ("unknown_session", 3)
         assert _rows(policy) == [1]
         stats = service.worker.stats
@@ -241,16 +243,13 @@ def test_a_current_observation_queued_with_stale_ones_runs_alone() -> None:
     policy = GatedPolicy()
     service, server = _serve(policy, inline_below_ms=0.0)  # every call on the thread
     with server as running, _raw(running) as blocker, _raw(running) as a, _raw(running) as b:
-        _open(blocker, "blocker")
-        blocker.send(_obs(1, 0))
-        assert policy.entered.wait(10)
+        _occupy(blocker, policy)  # the model is busy: what follows queues behind it
         epoch_a, epoch_b = _open(a, "robot-a").session_epoch, _open(b, "robot-b").session_epoch
         a.send(_obs(5, epoch_a))
         b.send(_obs(8, epoch_b))
         _wait_until(lambda: service.worker.queue_depth == 2)
         _reset(a, 6, epoch_a)
-        policy.release.set()
-        assert isinstance(decode_message(blocker.recv(timeout=10)), ActionChunkMsg)
+        _free(blocker, policy)
         assert _error(a) == ("stale_epoch", 5)
         reply = decode_message(b.recv(timeout=10))
         assert isinstance(reply, ActionChunkMsg)
