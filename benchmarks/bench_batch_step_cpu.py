@@ -41,8 +41,11 @@ def _cpu_s(path: str) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(world: str, src: str | None, sessions: int, seconds: float, frames: bool) -> dict[str, float]:
-    """One server (from ``src``, or this tree), N sessions, batch_step for ``seconds``: ms per batch."""
+def measure(
+    world: str, src: str | None, sessions: int, seconds: float, frames: bool, path: str = "items"
+) -> dict[str, float]:
+    """One server (from ``src``, or this tree), N sessions, batch_step for ``seconds``: ms per batch.
+    ``path`` is ``items`` (``batch_step``) or ``columns`` (``batch_step/columns``)."""
     from rollserve.models.worlds import load_world
 
     spec = load_world(world).spec
@@ -50,14 +53,15 @@ def measure(world: str, src: str | None, sessions: int, seconds: float, frames: 
         pid = server.process.pid
         render = {"cameras": [spec.cameras[0]], "height": 64, "width": 64} if frames else None
         rollouts = Rollouts(f"http://127.0.0.1:{server.port}", spec.name, sessions, render)
+        step = rollouts.batch_step_columns if path == "columns" else rollouts.batch_step
         try:
             rng = np.random.default_rng(0)
             for _ in range(3):  # warm-up, not counted
-                rollouts.batch_step(random_actions(spec, sessions, rng))
+                step(random_actions(spec, sessions, rng))
             server0, loop0 = _cpu_s(f"/proc/{pid}/stat"), _cpu_s(f"/proc/{pid}/task/{pid}/stat")
             client0, started, batches = time.process_time(), time.perf_counter(), 0
             while time.perf_counter() - started < seconds:
-                rollouts.batch_step(random_actions(spec, sessions, rng))
+                step(random_actions(spec, sessions, rng))
                 batches += 1
             wall = time.perf_counter() - started
             client = time.process_time() - client0
@@ -151,6 +155,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=positive_int, default=None, help="interleaved rounds (default 3)")
     parser.add_argument("--frames", action="store_true", help="every session renders its first camera")
     parser.add_argument(
+        "--columns",
+        action="store_true",
+        help="also measure batch_step/columns (a row per tree; not with --frames or --together)",
+    )
+    parser.add_argument(
         "--src", action="append", default=[], help="a source tree's src/ to serve from (repeatable)"
     )
     parser.add_argument(
@@ -162,11 +171,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.client_src and not args.together:  # else every run is measured, then the table has no rows
         parser.error("--client-src only applies with --together")
+    if args.columns and (args.frames or args.together):
+        parser.error("--columns measures sessions without frames, one server at a time")
     seconds = args.seconds if args.seconds is not None else (2.0 if args.quick else 8.0)
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
     trees: list[str | None] = [*args.src] or [None]
     samples: dict[str, list[dict[str, float]]] = {str(t or "this tree"): [] for t in trees}
     samples |= {f"client {src}": [] for src in args.client_src}
+    paths = ["items", "columns"] if args.columns else ["items"]
+    samples |= {f"{t or 'this tree'} (columns)": [] for t in trees if args.columns}
     for _ in range(rounds):  # interleaved, so background load hits every tree alike
         if args.together:
             runs = measure_together(args.world, trees, args.sessions, seconds, args.frames, args.client_src)
@@ -174,9 +187,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 samples[name].append(run)
             continue
         for tree in trees:
-            samples[str(tree or "this tree")].append(
-                measure(args.world, tree, args.sessions, seconds, args.frames)
-            )
+            for path in paths:
+                name = str(tree or "this tree") + (" (columns)" if path == "columns" else "")
+                samples[name].append(measure(args.world, tree, args.sessions, seconds, args.frames, path))
     rows, results = [], {}
     for name, runs in samples.items():
         medians = {key: statistics.median(run[key] for run in runs) for key in runs[0]}

@@ -2,8 +2,10 @@
 
 Each point steps N sessions of the learned world model for a number of environment steps:
 
-- ``batch_step``: one ``POST /v1/realtime/batch_step`` per environment step carrying all N items
-  (what ``RolloutVectorEnv`` does);
+- ``batch_step``: one ``POST /v1/realtime/batch_step`` per environment step carrying all N items;
+- ``batch_step`` columns: the same steps as one ``POST /v1/realtime/batch_step/columns`` (an
+  ``(N, 8)`` array of actions in, an array of observations out; what ``RolloutVectorEnv`` sends for
+  sessions without frames);
 - ``step``: every session stepped on its own ``POST .../{id}/step`` from its own client thread (the
   server may still batch concurrent requests on its engine);
 - ``step`` in turn: one client steps the sessions one after another (each step its own model call);
@@ -98,6 +100,12 @@ class Rollouts:
                 raise result
         self.next_step = [n + 1 for n in self.next_step]
 
+    def batch_step_columns(self, actions: np.ndarray) -> None:
+        results = self.clients[0].batch_step_columns(self.ids, self.next_step, actions)
+        if not results.ok.all():
+            raise next(error for error in results.errors if error is not None)
+        self.next_step = [n + 1 for n in self.next_step]
+
     def step_one(self, index: int, action: np.ndarray) -> None:
         self.clients[index].step(self.ids[index], self.next_step[index], action)
         self.next_step[index] += 1
@@ -118,13 +126,14 @@ def over_http(
     pool: ThreadPoolExecutor,
     frames: bool = False,
 ) -> float:
-    """Seconds per session-step over HTTP; ``mode`` is ``batch_step`` or ``step``."""
+    """Seconds per session-step over HTTP; ``mode`` is ``batch_step``, ``columns``, ``step`` or
+    ``step in turn``."""
     rng = np.random.default_rng(0)
     render = {"cameras": [spec.cameras[0]], "height": 64, "width": 64} if frames else None
     rollouts = Rollouts(url, model, sessions, render)
     try:
         plan = [random_actions(spec, sessions, rng) for _ in range(steps + 1)]
-        run = rollouts.batch_step if mode == "batch_step" else None
+        run = {"batch_step": rollouts.batch_step, "columns": rollouts.batch_step_columns}.get(mode)
 
         def one_session(index: int, start: int) -> None:
             for t in range(start, steps + 1):
@@ -192,7 +201,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for frames, n in ((f, n) for f in frame_modes for n in args.sessions):
             timings: dict[str, list[float]] = {
                 "in-process step_batch": [], "in-process, one step per call": [], "HTTP batch_step": [],
-                "HTTP step, one thread per session": [], "HTTP step, sessions in turn": [],
+                "HTTP batch_step, columns": [], "HTTP step, one thread per session": [],
+                "HTTP step, sessions in turn": [],
             }  # fmt: skip
             for _ in range(repeats):  # interleaved, so background load hits every path alike
                 timings["in-process step_batch"].append(
@@ -204,13 +214,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 timings["HTTP batch_step"].append(
                     over_http(url, spec.name, spec, n, steps, "batch_step", pool, frames)
                 )
+                if not frames:  # columns carry no frames (a rendering session steps by items)
+                    timings["HTTP batch_step, columns"].append(
+                        over_http(url, spec.name, spec, n, steps, "columns", pool, frames)
+                    )
                 timings["HTTP step, one thread per session"].append(
                     over_http(url, spec.name, spec, n, steps, "step", pool, frames)
                 )
                 timings["HTTP step, sessions in turn"].append(
                     over_http(url, spec.name, spec, n, steps, "step in turn", pool, frames)
                 )
-            medians = {path: statistics.median(values) for path, values in timings.items()}
+            medians = {path: statistics.median(values) for path, values in timings.items() if values}
             floor = medians["in-process step_batch"]
             point = {}
             for path, seconds in medians.items():
@@ -236,6 +250,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for path in ("HTTP step, one thread per session", "HTTP step, sessions in turn"):
                 ratio = medians[path] / medians["HTTP batch_step"]
                 results.setdefault("batch_step_speedup", {}).setdefault(path, {})[key] = ratio
+                if "HTTP batch_step, columns" in medians:
+                    ratio = medians[path] / medians["HTTP batch_step, columns"]
+                    results.setdefault("columns_speedup", {}).setdefault(path, {})[key] = ratio
     world.close()
     print_table(
         f"Rollouts on world {spec.name!r}: N sessions x {steps} steps, median of {repeats}"

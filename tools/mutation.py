@@ -77,6 +77,7 @@ MODULES: dict[str, CoreModule] = {
             "tests/scale/test_shared_store_forks.py",
             "tests/server/test_rollout_idle_clock_after_slow_requests.py",
             "tests/server/test_rollout_bool_floats.py",
+            "tests/server/test_rollout_batch_columns.py",
         ),
     ),
     "auth": CoreModule(("src/rollserve/server/auth.py",), ("tests/server/test_auth.py",)),

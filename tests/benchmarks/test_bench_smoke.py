@@ -86,8 +86,14 @@ def test_rollouts() -> None:
     )
     assert result["benchmark"] == "rollouts" and result["world"] == "toy"
     for point in result["points"].values():
-        assert {"HTTP batch_step", "HTTP step, one thread per session", "in-process step_batch"} <= set(point)
+        assert {
+            "HTTP batch_step",
+            "HTTP batch_step, columns",
+            "HTTP step, one thread per session",
+            "in-process step_batch",
+        } <= set(point)
         assert all(path["steps_per_s"] > 0 for path in point.values())
+    assert set(result["columns_speedup"]["HTTP step, one thread per session"]) == {"1", "2"}
 
 
 def test_batch_step_cpu() -> None:
@@ -97,6 +103,16 @@ def test_batch_step_cpu() -> None:
     assert result["benchmark"] == "batch_step_cpu" and result["sessions"] == 2
     (tree,) = result["trees"].values()
     assert tree["wall_ms"] > 0 and tree["server_ms"] >= tree["loop_ms"] >= 0 and tree["client_ms"] >= 0
+
+
+def test_batch_step_cpu_with_columns() -> None:
+    result = run_benchmark(
+        "bench_batch_step_cpu.py", "--world", "toy", "--sessions", "2", "--seconds", "0.3", "--rounds", "1",
+        "--columns",
+    )  # fmt: skip
+    assert set(result["trees"]) == {"this tree", "this tree (columns)"}
+    for tree in result["trees"].values():
+        assert tree["wall_ms"] > 0 and tree["server_ms"] >= tree["loop_ms"] >= 0
 
 
 def test_batch_step_cpu_together_with_a_client_tree() -> None:

@@ -51,8 +51,9 @@ class EndsOnClosedGripper(ToyWorld):
 
 
 class DropPlanned(httpx.HTTPTransport):
-    """Forwards every request; the server does the work. Each ``batch_step`` takes the next entry
-    of ``plan``: True loses its reply (the client sees a read error), False (or none left) passes."""
+    """Forwards every request; the server does the work. Each ``batch_step`` (items or columns)
+    takes the next entry of ``plan``: True loses its reply (the client sees a read error), False
+    (or none left) passes."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -60,7 +61,7 @@ class DropPlanned(httpx.HTTPTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         response = super().handle_request(request)
-        if request.url.path.endswith("/batch_step") and self.plan and self.plan.pop(0):
+        if "/batch_step" in request.url.path and self.plan and self.plan.pop(0):
             response.read()
             response.close()
             raise httpx.ReadError("reply lost", request=request)

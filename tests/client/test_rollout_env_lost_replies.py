@@ -164,7 +164,7 @@ def vector_committed(venv: RolloutVectorEnv) -> list[tuple[int, int]]:
 
 
 def test_the_vector_step_after_a_lost_batch_reply_settles_it_then_applies_the_new_actions(url: str) -> None:
-    transport = DropReplies("/batch_step")
+    transport = DropReplies("/batch_step/columns")  # what the vector env sends (no frames)
     venv = vector(url, transport)
     try:
         start, _ = venv.reset(seed=10)
@@ -184,7 +184,7 @@ def test_the_vector_step_after_a_lost_batch_reply_settles_it_then_applies_the_ne
 
 
 def test_a_lost_vector_step_that_ended_the_episodes_is_reported_then_they_autoreset(url: str) -> None:
-    transport = DropReplies("/batch_step")
+    transport = DropReplies("/batch_step/columns")  # what the vector env sends (no frames)
     venv = vector(url, transport, max_episode_steps=2)
     try:
         start, _ = venv.reset(seed=20)

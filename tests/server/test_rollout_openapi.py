@@ -24,6 +24,7 @@ ROUTES = [
     ("get", "/sessions/{session_id}/status", None, "SessionStatusResponse"),
     ("post", "/sessions/{session_id}/fork", "ForkSessionRequest", "CreateSessionResponse"),
     ("post", "/batch_step", "BatchStepRequest", "BatchStepResponse"),
+    ("post", "/batch_step/columns", "BatchStepColumnsRequest", "BatchStepColumnsResponse"),
 ]
 
 

@@ -82,3 +82,23 @@ def test_batch_step_is_one_model_call(served) -> None:
         results = client.batch_step([StepCall(sid, 0, np.zeros(8, np.float32)) for sid in sids])
     assert {r.metadata["batch_size"] for r in results} == {8}
     assert [r.images is not None for r in results] == [bool(i % 2) for i in range(8)]
+
+
+def test_columns_carry_the_models_latents_and_states_as_items_do(served) -> None:
+    """Two sets of sessions from the same seeds, one stepped by items and one by columns, with the
+    same actions in batches of the same size: the same latents and predicted states, bit for bit."""
+    url, world = served
+    acts = np.random.default_rng(3).uniform(-0.1, 0.1, (4, 8)).astype(np.float32)
+    with RolloutClient(url) as client:
+        by_items = [client.create_session("video", seed=i)[0] for i in range(4)]
+        by_rows = [client.create_session("video", seed=i)[0] for i in range(4)]
+        for step in range(2):
+            items = client.batch_step([StepCall(sid, step, acts[i]) for i, sid in enumerate(by_items)])
+            rows = client.batch_step_columns(by_rows, [step] * 4, acts)
+            assert rows.ok.all()
+            assert rows.observation.shape == (4, *world.spec.observation_shape)
+            np.testing.assert_array_equal(rows.observation, np.stack([r.observation for r in items]))
+            assert rows.state is not None and rows.state.shape == (4, len(world.spec.state_names))
+            np.testing.assert_array_equal(rows.state, np.stack([r.state for r in items]))
+            np.testing.assert_array_equal(rows.reward, [r.reward for r in items])
+            acts = acts[::-1].copy()

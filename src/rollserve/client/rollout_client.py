@@ -75,6 +75,56 @@ class StepCall:
     use_session_context: bool = True
 
 
+@dataclass(frozen=True)
+class ColumnResults:
+    """The answer of :meth:`RolloutClient.batch_step_columns`: row ``i`` answers session ``i``.
+
+    A row holds a result when ``ok[i]``: its step committed now, or it was committed before and
+    this is its stored result (``replayed[i]``). Any other row holds zeros and ``errors[i]``.
+    """
+
+    session_ids: list[str]
+    step_ids: list[int]
+    ok: np.ndarray  # bool (N,)
+    replayed: np.ndarray  # bool (N,)
+    observation: np.ndarray  # float32 (N, ...)
+    reward: np.ndarray  # float64 (N,)
+    terminated: np.ndarray  # bool (N,)
+    committed_step_ids: np.ndarray  # int64 (N,)
+    info: list[dict[str, Any]]
+    errors: list[RolloutRequestError | None]
+    state: np.ndarray | None = None  # float32 (N, S): the state vector, where the world reports one
+    uncertainty: list[float | None] = field(default_factory=list)  # where the world reports one
+    latency_ms: float = 0.0  # the server's time for the whole batch
+
+    def results(self) -> list[StepResult | RolloutRequestError]:
+        """Row by row, as :meth:`RolloutClient.batch_step` answers the same steps as items."""
+        out: list[StepResult | RolloutRequestError] = []
+        for i, error in enumerate(self.errors):
+            if error is not None:
+                out.append(error)
+                continue
+            committed = int(self.committed_step_ids[i])
+            out.append(
+                StepResult(
+                    step_id=self.step_ids[i],
+                    observation=self.observation[i],
+                    reward=float(self.reward[i]),
+                    terminated=bool(self.terminated[i]),
+                    committed_step_id=committed,
+                    info=self.info[i],
+                    replayed=bool(self.replayed[i]),
+                    metadata={
+                        "committed_step_id": committed,
+                        "uncertainty": self.uncertainty[i] if self.uncertainty else None,
+                        "latency_ms": self.latency_ms,
+                    },
+                    state=None if self.state is None else self.state[i],
+                )
+            )
+        return out
+
+
 def unpack_reply(content: bytes) -> Any:
     """A msgpack reply body, unpacked without a Python hook per map and list.
 
@@ -290,6 +340,23 @@ class RolloutClient:
                 out.append(exc)
         return out
 
+    def batch_step_columns(
+        self, session_ids: Sequence[str], step_ids: Sequence[int], actions: Any
+    ) -> ColumnResults:
+        """One contextual step of each session, sent and answered as columns: ``actions`` is an
+        ``(N, 8)`` array (7 joint positions, then the gripper). The same steps as
+        :meth:`batch_step` items with those actions (they replay each other), at a fraction of the
+        per-session cost; resending is safe. Sessions that render frames need :meth:`batch_step`."""
+        rows = np.asarray(actions, dtype=np.float32)
+        if rows.ndim != 2 or rows.shape[1] != 8:
+            raise ValueError(f"actions must be (N, 8): 7 joint positions, then the gripper; got {rows.shape}")
+        body = {
+            "session_ids": list(session_ids),
+            "step_ids": [int(step_id) for step_id in step_ids],
+            "actions": rows if self.use_msgpack else rows.tolist(),
+        }
+        return _column_results(self._call("POST", "/v1/realtime/batch_step/columns", body))
+
     # -- plumbing ----------------------------------------------------------------------------------------
     def _check_still_retryable(self, session_id: str, step_id: int) -> None:
         """After a lost reply: the step is either committed (the resend replays it) or not yet (it runs)."""
@@ -433,6 +500,36 @@ def _step_result(status: int | None, payload: dict[str, Any]) -> StepResult:
         replayed=bool(payload.get("replayed")),
         metadata=meta,
         actions=None if nxt.get("actions") is None else np.asarray(_array(nxt["actions"]), dtype=np.float32),
+    )
+
+
+def _column_results(payload: dict[str, Any]) -> ColumnResults:
+    nxt = payload["next_observation"]
+    observed = decode_observation({k: v for k, v in nxt.items() if k != "state"})
+    status = np.array([s == "ok" for s in payload["status"]], dtype=bool)
+    replayed = np.array(payload["replayed"], dtype=bool)
+    committed = payload["committed_step_ids"]
+    errors = [
+        None
+        if error is None or done or again
+        else RolloutRequestError(error["code"], error["message"], committed_step_id=last)
+        for error, done, again, last in zip(payload["errors"], status, replayed, committed, strict=True)
+    ]
+    state = nxt.get("state")
+    return ColumnResults(
+        session_ids=list(payload["session_ids"]),
+        step_ids=list(payload["step_ids"]),
+        ok=status | replayed,
+        replayed=replayed,
+        observation=observed.tensor,
+        reward=np.asarray(nxt["reward"], dtype=np.float64),
+        terminated=np.asarray(nxt["terminated"], dtype=bool),
+        committed_step_ids=np.asarray(committed, dtype=np.int64),
+        info=list(nxt["info"]),
+        errors=errors,
+        state=None if state is None else np.array(_array(state), dtype=np.float32),
+        uncertainty=list(payload["uncertainty"]),
+        latency_ms=float(payload["latency_ms"]),
     )
 
 

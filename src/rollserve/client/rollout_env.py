@@ -206,6 +206,16 @@ def _sent(sessions: list[_Session], calls: list[StepCall], send: Callable[[], T]
     return answer
 
 
+def _plain(call: StepCall) -> bool:
+    """A contextual step of 8 action values and nothing else: what ``batch_step_columns`` carries."""
+    return (
+        call.observation is None
+        and call.use_session_context
+        and call.action is not None
+        and np.size(call.action) == 8  # 7 joint positions, then the gripper
+    )
+
+
 def _answered(sessions: list[_Session]) -> None:
     for session in sessions:
         session.pending = None
@@ -397,6 +407,7 @@ class RolloutVectorEnv(VectorEnv):
         self.action_space = batch_space(self.single_action_space, num_envs)
         self.max_episode_steps = max_episode_steps or int(entry.get("max_episode_steps", 200))
         self._sessions = [_Session(self.client, entry["id"], render) for _ in range(num_envs)]
+        self._render = render  # sessions without frames step as columns (batch_step_columns)
         self._needs_reset = np.zeros(num_envs, dtype=bool)
         self._rngs: list[np.random.Generator | None] = [None] * num_envs  # per sub-env, as gymnasium's
         self._held: dict[int, _Held] = {}  # ends and autoresets of a step that raised, for the next
@@ -520,6 +531,12 @@ class RolloutVectorEnv(VectorEnv):
         if not calls:
             return []
         sessions = [self._sessions[i] for i in indices]
+        if self._render is None and all(_plain(call) for call in calls):
+            ids, step_ids = [c.session_id for c in calls], [c.step_id for c in calls]
+            actions = np.stack([np.asarray(c.action, dtype=np.float32).reshape(-1) for c in calls])
+            return _sent(
+                sessions, calls, lambda: self.client.batch_step_columns(ids, step_ids, actions).results()
+            )
         return _sent(sessions, calls, lambda: self.client.batch_step(calls))
 
     def _record(self, i: int, result: StepResult | RolloutRequestError, out: _Outcome) -> None:

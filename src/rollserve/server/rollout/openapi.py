@@ -15,6 +15,8 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
 from rollserve.server.rollout.protocol import (
+    BatchStepColumnsRequest,
+    BatchStepColumnsResponse,
     BatchStepRequest,
     BatchStepResponse,
     CloseSessionResponse,
@@ -150,5 +152,17 @@ def rollout_openapi_routes(prefix: str) -> list[APIRoute]:
     )
     def batch_step(body: BatchStepRequest, mode: ModeHeader = None) -> Any:
         """200 once the body parsed; each item succeeds or fails alone (``status: ok|error``)."""
+
+    @router.post(
+        "/batch_step/columns",
+        response_model=BatchStepColumnsResponse,
+        responses=_ERRORS,
+        openapi_extra=_msgpack(BatchStepColumnsRequest),
+        summary="Step many sessions, sent and answered as columns (rollserve)",
+    )
+    def batch_step_columns(body: BatchStepColumnsRequest, mode: ModeHeader = None) -> Any:
+        """``batch_step`` for plain contextual steps (an action row per session, no observation) of
+        sessions without frames: one array of actions in, one array of observations out. 200 once
+        the body parsed; each row succeeds or fails alone (``status``)."""
 
     return [route for route in router.routes if isinstance(route, APIRoute)]

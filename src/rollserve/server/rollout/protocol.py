@@ -18,6 +18,7 @@ from pydantic import (
     PrivateAttr,
     Strict,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -260,6 +261,87 @@ class BatchStepResult(RolloutStepResponse):
 class BatchStepResponse(BaseModel):
     object: Literal["batch_step"] = "batch_step"
     results: list[BatchStepResult]
+
+
+ACTION_WIDTH = 8  # a DROID action row: 7 joint positions, then the gripper position
+_ACTION_ROWS_SCHEMA = {
+    "type": "array",
+    "items": {
+        "type": "array",
+        "items": {"type": "number"},
+        "minItems": ACTION_WIDTH,
+        "maxItems": ACTION_WIDTH,
+    },
+    "description": "A row per session: 7 joint positions, then the gripper (msgpack: a float32 tensor).",
+}
+
+
+_ROWS_WANTED = f"actions must be rows of {ACTION_WIDTH} numbers (7 joint positions, then the gripper)"
+
+
+def _action_rows(value: Any) -> np.ndarray:
+    """``actions`` of a columnar batch as an ``(N, 8)`` array: a msgpack tensor of numbers, or rows
+    of 8 numbers (a bool is not one). Whether each row is finite is checked per row, later."""
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "fiu":
+            raise ValueError("actions must hold numbers")
+        rows = value if value.dtype.kind == "f" else value.astype(np.float64)  # ints stand for floats
+    elif type(value) is list and all(
+        type(row) is list and len(row) == ACTION_WIDTH and all(type(v) in (int, float) for v in row)
+        for row in value
+    ):
+        try:
+            rows = np.array(value, dtype=np.float64).reshape(len(value), ACTION_WIDTH)
+        except OverflowError:  # an integer beyond any float
+            raise ValueError("actions must be within float32 range") from None
+    else:
+        raise ValueError(_ROWS_WANTED)
+    if rows.ndim != 2 or rows.shape[1] != ACTION_WIDTH:
+        raise ValueError(_ROWS_WANTED)
+    return rows
+
+
+class BatchStepColumnsRequest(BaseModel):
+    """rollserve: the next contextual step of N sessions, as columns (what a vector env sends).
+
+    Row ``i`` is the ``batch_step`` item ``{session_id: session_ids[i], step_id: step_ids[i],
+    observation: {}, action: {joint_positions: actions[i][:7], gripper_position: actions[i][7]}}``:
+    the same rules, and the same fingerprint, so a row and that item replay each other.
+    """
+
+    session_ids: Annotated[list[SessionId], Field(min_length=1)]
+    step_ids: list[StepId]
+    actions: Annotated[Any, BeforeValidator(_action_rows), WithJsonSchema(_ACTION_ROWS_SCHEMA)]
+
+    @model_validator(mode="after")
+    def _same_length(self) -> BatchStepColumnsRequest:
+        if not len(self.session_ids) == len(self.step_ids) == len(self.actions):
+            raise ValueError("session_ids, step_ids and actions must have one entry per session")
+        return self
+
+
+class BatchStepColumnsResponse(BaseModel):
+    """Row ``i`` answers row ``i`` of the request, as the ``batch_step`` item's result would: a
+    failed row (``status`` "error") holds zeros in every column but its ``errors`` entry, unless it
+    is the replay of a committed step (``replayed``), which holds that step's stored result."""
+
+    object: Literal["batch_step.columns"] = "batch_step.columns"
+    session_ids: list[str]
+    step_ids: list[int]
+    status: list[Literal["ok", "error"]]
+    replayed: list[bool]
+    committed_step_ids: list[int]
+    context_lengths: list[int]
+    errors: list[dict[str, str] | None] = Field(description="Per row: null, or its error's code and message.")
+    uncertainty: list[float | None]
+    next_observation: dict[str, Any] = Field(
+        description=(
+            "video_latent: every row's observation in one float32 tensor [N, ...] (msgpack: the "
+            "tensor; JSON: base64 of its bytes, with shape), state: [N, S] when the world reports a "
+            "state vector, reward, terminated and info: one entry per row."
+        )
+    )
+    latency_ms: float
 
 
 class ErrorResponse(BaseModel):

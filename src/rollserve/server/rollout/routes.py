@@ -36,6 +36,8 @@ from rollserve.server.penalty import RefusalPenalty, http_streak
 from rollserve.server.rollout.batch_peek import declared_items
 from rollserve.server.rollout.protocol import (
     Action,
+    BatchStepColumnsRequest,
+    BatchStepColumnsResponse,
     BatchStepItem,
     BatchStepRequest,
     BatchStepResponse,
@@ -104,8 +106,8 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
             return {}, _NoBody()  # type: ignore[return-value]
         parsed = _decode(data, media, limits, json_values)
         try:
-            if route == "batch_step":
-                items = parsed.get("items")
+            if route in _BATCH_ROUTES:
+                items = parsed.get(_BATCH_ROUTES[route])
                 if isinstance(items, list):
                     _refuse_long_batch(items, service.max_batch_items)
             request = _validated(body_model, parsed, limits)
@@ -252,6 +254,14 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
             request, "batch_step", BatchStepRequest, lambda b, raw: service.batch_step(b, raw_tensors=raw)
         )
 
+    async def batch_step_columns(request: Request) -> Response:
+        return await serve(
+            request,
+            "batch_step_columns",
+            BatchStepColumnsRequest,
+            lambda b, raw: service.batch_step_columns(b, raw_tensors=raw),
+        )
+
     return Router(
         [
             Route("/sessions", create_session, methods=["POST"]),
@@ -261,6 +271,7 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
             Route("/sessions/{session_id}/status", status, methods=["GET"]),
             Route("/sessions/{session_id}/fork", fork, methods=["POST"]),
             Route("/batch_step", batch_step, methods=["POST"]),
+            Route("/batch_step/columns", batch_step_columns, methods=["POST"]),
         ]
     )
 
@@ -274,6 +285,9 @@ async def _committed_step_id(service: RolloutService, session_id: str, known: in
         logger.exception("looking up session %s for an error body failed", session_id)
         return known
     return known if committed is None else committed
+
+
+_BATCH_ROUTES = {"batch_step": "items", "batch_step_columns": "session_ids"}  # route -> its list of rows
 
 
 def _refuse_long_batch(items: list[Any] | bytes, most: int) -> None:
@@ -439,6 +453,8 @@ def _render(body: BaseModel, status: int, raw: bool) -> Response:
         return _render_plain(_batch_body(body), status, raw)
     if type(body) is RolloutStepResponse:
         return _render_plain(_plain_result(body, _STEP_FIELDS), status, raw)
+    if type(body) is BatchStepColumnsResponse:  # the service filled it with wire values only
+        return _render_plain(dict(body.__dict__), status, raw)
     if raw:
         return Response(packb(body.model_dump(mode="python")), status_code=status, media_type=MSGPACK)
     return JSONResponse(body.model_dump(mode="json"), status_code=status)

@@ -34,6 +34,7 @@ from rollserve.models.world import (
     WorldInit,
     WorldModel,
     WorldOutput,
+    WorldSpec,
     WorldStep,
     run_world_calls,
 )
@@ -42,6 +43,8 @@ from rollserve.server.rollout.protocol import (
     FLOAT32_MAX,
     MAX_VECTOR,
     Action,
+    BatchStepColumnsRequest,
+    BatchStepColumnsResponse,
     BatchStepRequest,
     BatchStepResponse,
     BatchStepResult,
@@ -74,7 +77,7 @@ from rollserve.server.rollout.store import (
 from rollserve.wire.images import check_image, encode_image, image_to_json
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from rollserve.server.settings import ServerSettings
 
@@ -455,24 +458,106 @@ class RolloutService:
         """Many sessions' steps in one request and one engine batch; each item succeeds or fails alone."""
         started = time.perf_counter()
         items = req.items
-        if len(items) > self.max_batch_items:
+
+        def plan(session: RolloutSession, i: int) -> _Planned | RolloutStepResponse:
+            return self._plan(session, items[i], started, raw_tensors)
+
+        async def finish(
+            session: RolloutSession, i: int, planned: _Planned, outcome: Completed | BaseException
+        ) -> RolloutStepResponse:
+            return await self._finish(session, items[i], planned, outcome, raw_tensors)
+
+        rows = [(item.session_id, item.step_id) for item in items]
+        refused = req._refused or {}  # items that failed validation alone (the routes' stand-ins)
+        answers = await self._step_many(rows, refused, plan, finish)
+        results = []
+        for item, answer in zip(items, answers, strict=True):
+            fields = answer.__dict__
+            fields = {
+                **fields,
+                "session_id": item.session_id,
+                "status": "ok" if fields["error"] is None else "error",
+            }
+            results.append(built(BatchStepResult, fields))
+        return built(BatchStepResponse, {"object": "batch_step", "results": results})
+
+    async def batch_step_columns(
+        self, req: BatchStepColumnsRequest, *, raw_tensors: bool = False
+    ) -> BatchStepColumnsResponse:
+        """``batch_step`` for N plain contextual steps sent as columns, answered as columns.
+
+        The same locks, rules, engine batch and commits as ``batch_step``: row ``i`` is checked as
+        the item ``{step_id, observation: {}, action: {joint_positions: actions[i][:7],
+        gripper_position: actions[i][7]}}`` would be and gets its fingerprint, so a row and that
+        item replay each other. Only the per-item request and answer models are left out: building
+        and encoding them was most of a batch's cost beside the model. A row fails alone.
+        """
+        started = time.perf_counter()
+        actions = req.actions
+        values = actions.tolist()  # the rows as the item's JSON numbers (what its print hashes)
+        finite = (np.abs(actions) <= FLOAT32_MAX).all(axis=1).tolist()  # NaN compares False too
+        refused = {
+            i: f"actions[{i}] must be finite and within float32 range"
+            for i, ok in enumerate(finite)
+            if not ok
+        }
+        shape = row_shape(self.world.spec)
+
+        def plan(session: RolloutSession, i: int) -> _Planned | RolloutStepResponse:
+            if session.render is not None:  # columns carry no frames
+                message = "a rendering session's frames do not fit in columns: step it with batch_step items"
+                return self._refused(req.step_ids[i], "invalid_request", message, *self._counters(session))
+            return self._plan_row(session, req.step_ids[i], values[i], started)
+
+        async def finish(
+            session: RolloutSession, i: int, planned: _Planned, outcome: Completed | BaseException
+        ) -> tuple[StepRecord, int, int] | RolloutStepResponse:
+            step_id = req.step_ids[i]
+            if isinstance(outcome, Completed):  # a row has no place for another shape: nothing commits
+                out, _ = _started_from(outcome.value)
+                if isinstance(out, WorldOutput) and math.prod(np.shape(out.observation)) != math.prod(shape):
+                    message = f"world step failed: its observation is not of the spec's shape {list(shape)}"
+                    committed, context = planned.base[1], planned.context_length
+                    return self._refused(step_id, "inference_error", message, committed, context)
+
+            def again() -> _Planned | RolloutStepResponse:
+                return self._plan_row(session, step_id, values[i], planned.started)
+
+            return await self._commit(session, step_id, True, planned, outcome, again)
+
+        rows = list(zip(req.session_ids, req.step_ids, strict=True))
+        answers = await self._step_many(rows, refused, plan, finish)
+        latency_ms = round((time.perf_counter() - started) * 1000.0, 3)
+        return _columns_answer(shape, rows, answers, raw_tensors, latency_ms)
+
+    async def _step_many(
+        self,
+        rows: list[tuple[str, int]],
+        refused: dict[int, str],
+        plan: Callable[[RolloutSession, int], _Planned | RolloutStepResponse],
+        finish: Callable[[RolloutSession, int, _Planned, Completed | BaseException], Awaitable[Any]],
+    ) -> list[Any]:
+        """The answer to each ``(session_id, step_id)`` row: a refusal or replay (a
+        ``RolloutStepResponse``) from ``plan``, else what ``finish`` made of its engine outcome.
+        Sessions are locked in one global order, every planned row runs in one engine call, and a
+        row refused before (``refused``: index -> message) or repeated is answered last."""
+        if len(rows) > self.max_batch_items:
             raise RolloutError("invalid_request", f"batch_step takes at most {self.max_batch_items} items")
-        answers: list[RolloutStepResponse | None] = [None] * len(items)
+        answers: list[Any] = [None] * len(rows)
         sessions: dict[int, RolloutSession] = {}
         seen: set[str] = set()
         repeated: list[int] = []
-        refused = req._refused or {}  # items that failed validation alone (the routes' stand-ins)
-        for i, item in enumerate(items):
-            if item.session_id in seen or i in refused:
-                seen.add(item.session_id)  # a refused item still takes its session's one place
+        for i, (session_id, step_id) in enumerate(rows):
+            if session_id in seen or i in refused:
+                seen.add(session_id)  # a refused row still takes its session's one place
                 repeated.append(i)
                 continue
-            seen.add(item.session_id)
+            seen.add(session_id)
             try:
-                sessions[i] = await self.store.open(item.session_id)
+                sessions[i] = await self.store.open(session_id)
             except RolloutError as exc:
                 answers[i] = self._refused(
-                    item.step_id, exc.code, exc.message, exc.committed_step_id, exc.context_length
+                    step_id, exc.code, exc.message, exc.committed_step_id, exc.context_length
                 )
         held: list[asyncio.Lock] = []
         try:
@@ -482,35 +567,23 @@ class RolloutService:
                 held.append(lock)
             planned: dict[int, _Planned] = {}
             for i, session in sessions.items():
-                plan = self._plan(session, items[i], started, raw_tensors)
-                if isinstance(plan, RolloutStepResponse):
-                    answers[i] = plan
+                made = plan(session, i)
+                if isinstance(made, RolloutStepResponse):
+                    answers[i] = made
                 else:
-                    planned[i] = plan
+                    planned[i] = made
             outcomes = await self._run([p.call for p in planned.values()]) if planned else []
             for session in sessions.values():
                 self._touch(session)
-            for (i, plan), outcome in zip(planned.items(), outcomes, strict=True):
-                answers[i] = await self._finish(sessions[i], items[i], plan, outcome, raw_tensors)
+            for (i, made), outcome in zip(planned.items(), outcomes, strict=True):
+                answers[i] = await finish(sessions[i], i, made, outcome)
         finally:
             for lock in reversed(held):
                 lock.release()
         for i in repeated:  # answered last, so they report the session as this batch left it
             message = refused.get(i, "a session may appear only once per batch_step")
-            answers[i] = await self.refused_step(
-                items[i].session_id, items[i].step_id, "invalid_request", message
-            )
-        results = []
-        for item, answer in zip(items, answers, strict=True):
-            assert answer is not None
-            fields = answer.__dict__
-            fields = {
-                **fields,
-                "session_id": item.session_id,
-                "status": "ok" if fields["error"] is None else "error",
-            }
-            results.append(built(BatchStepResult, fields))
-        return built(BatchStepResponse, {"object": "batch_step", "results": results})
+            answers[i] = await self.refused_step(rows[i][0], rows[i][1], "invalid_request", message)
+        return answers
 
     @staticmethod
     def fingerprint(req: RolloutStepRequest) -> str:
@@ -557,16 +630,7 @@ class RolloutService:
         except (ValueError, TypeError) as exc:
             return self._refused(req.step_id, "invalid_request", _short(exc), committed, context)
         if req.use_session_context and req.step_id != committed + 1:
-            if req.step_id > committed:
-                message = f"expected step_id {committed + 1}, got {req.step_id}"
-                return self._refused(req.step_id, "step_out_of_order", message, committed, context)
-            last = session.last
-            if last is not None and last.step_id == req.step_id and last.fingerprint == fingerprint:
-                return self._replay(session, last, raw)
-            message = f"step {req.step_id} is already committed (committed_step_id={committed})"
-            if last is not None and last.step_id == req.step_id:
-                message += "; this request differs from the one committed, so its result is not returned"
-            return self._refused(req.step_id, "step_already_committed", message, committed, context)
+            return self._out_of_turn(session, req.step_id, fingerprint, raw)
         acting = self.world.spec.acts and _empty(req.action)
         try:
             inputs = fold_action_into_observation(req.observation, req.action, state_fallback=not acting)
@@ -585,6 +649,42 @@ class RolloutService:
         call = WorldCall(init=init, step=WorldStep(state, action, inputs))
         return _Planned(call, fingerprint, started, (session.epoch, committed), context)
 
+    def _out_of_turn(
+        self, session: RolloutSession, step_id: int, fingerprint: str, raw: bool
+    ) -> RolloutStepResponse:
+        """A contextual step whose id is not the next one: a duplicate of the last committed step
+        gets its stored result (``replayed``), any other id is refused."""
+        committed, context = session.committed_step_id, session.context_length
+        if step_id > committed:
+            message = f"expected step_id {committed + 1}, got {step_id}"
+            return self._refused(step_id, "step_out_of_order", message, committed, context)
+        last = session.last
+        if last is not None and last.step_id == step_id and last.fingerprint == fingerprint:
+            return self._replay(session, last, raw)
+        message = f"step {step_id} is already committed (committed_step_id={committed})"
+        if last is not None and last.step_id == step_id:
+            message += "; this request differs from the one committed, so its result is not returned"
+        return self._refused(step_id, "step_already_committed", message, committed, context)
+
+    def _plan_row(
+        self, session: RolloutSession, step_id: int, action: list[float], started: float
+    ) -> _Planned | RolloutStepResponse:
+        """``_plan`` for a columns row: the item ``{step_id, observation: {}, action}`` with the
+        action's 8 finite values (checked with the columns), planned without building it."""
+        committed, context = session.committed_step_id, session.context_length
+        if session.closed:
+            exc = closed_error(session)
+            return self._refused(step_id, exc.code, exc.message, committed, context)
+        joints, gripper = action[:7], action[7]
+        fingerprint = _plain_print(step_id, True, None, "", joints, gripper)
+        if step_id != committed + 1:
+            return self._out_of_turn(session, step_id, fingerprint, True)
+        inputs = {"prompt": "", JOINT_KEY: np.array(joints), GRIPPER_KEY: np.array([gripper])}
+        step = WorldStep(session.state, np.array(action, dtype=np.float32), inputs)
+        return _Planned(
+            WorldCall(init=None, step=step), fingerprint, started, (session.epoch, committed), context
+        )
+
     async def _finish(
         self,
         session: RolloutSession,
@@ -593,10 +693,42 @@ class RolloutService:
         outcome: Completed | BaseException,
         raw: bool,
     ) -> RolloutStepResponse:
+        """The step's answer: its committed (or stateless) result, or why it failed (see ``_commit``)."""
+
+        def again() -> _Planned | RolloutStepResponse:
+            return self._plan(session, req, plan.started, raw)
+
+        done = await self._commit(session, req.step_id, req.use_session_context, plan, outcome, again)
+        if isinstance(done, RolloutStepResponse):
+            return done
+        record, committed, context = done
+        assert isinstance(outcome, Completed)
+        meta = _metadata(
+            round((time.perf_counter() - plan.started) * 1000.0, 3),
+            1,
+            context,
+            committed,
+            record.uncertainty,
+            round(outcome.queue_wait_s * 1000.0, 3),
+            outcome.batch_size,
+        )
+        return _response(req.step_id, _next_observation(record, session.jpeg_quality, raw), meta, None)
+
+    async def _commit(
+        self,
+        session: RolloutSession,
+        step_id: int,
+        contextual: bool,
+        plan: _Planned,
+        outcome: Completed | BaseException,
+        again: Callable[[], _Planned | RolloutStepResponse],
+    ) -> tuple[StepRecord, int, int] | RolloutStepResponse:
         """Commit a successful contextual step atomically; anything else leaves the session as it was.
+        Returns the step's record with the session's ``(committed_step_id, context_length)`` after
+        it, or the refusal.
 
         The commit is the store's compare-and-set: when another writer (a replica racing the same
-        step) committed first, this step's result is dropped and the request is checked again
+        step) committed first, this step's result is dropped and the request is checked ``again``
         against what was committed, so it gets the stored result exactly as a duplicate does.
         """
         committed, context = plan.base[1], plan.context_length  # as checked: the session may move meanwhile
@@ -607,7 +739,7 @@ class RolloutService:
             if not isinstance(out, WorldOutput):
                 raise TypeError(f"world returned {type(out).__name__}, not a WorldOutput")
             record = StepRecord(
-                step_id=req.step_id,
+                step_id=step_id,
                 fingerprint=plan.fingerprint,
                 observation=as_float32(out.observation),
                 actions=None if out.action is None else self._chosen_action(out.action),
@@ -619,19 +751,19 @@ class RolloutService:
             )
         except EngineClosed:
             message = "the world engine is shut down"
-            return self._refused(req.step_id, "engine_unavailable", message, committed, context)
+            return self._refused(step_id, "engine_unavailable", message, committed, context)
         except Exception as exc:
             if _start_refused(plan.call, outcome):  # the client's start state: its fault, as on reset
-                return self._refused(req.step_id, "invalid_request", _short(exc), committed, context)
-            logger.warning("step %s of session %s failed", req.step_id, session.session_id, exc_info=exc)
+                return self._refused(step_id, "invalid_request", _short(exc), committed, context)
+            logger.warning("step %s of session %s failed", step_id, session.session_id, exc_info=exc)
             message = f"world step failed: {type(exc).__name__}: {_short(exc)}"
-            return self._refused(req.step_id, "inference_error", message, committed, context)
-        if req.use_session_context:
+            return self._refused(step_id, "inference_error", message, committed, context)
+        if contextual:
             change = Commit(
                 plan.base,
                 out.state,
                 record.observation,
-                req.step_id,
+                step_id,
                 context + 1,
                 record,
                 plan.base[0],
@@ -639,22 +771,13 @@ class RolloutService:
                 frames=record.frames,
             )
             if not await self.store.commit(session, change):
-                again = self._plan(session, req, plan.started, raw)
-                if isinstance(again, RolloutStepResponse):
-                    return again
+                checked = again()
+                if isinstance(checked, RolloutStepResponse):
+                    return checked
                 message = "the session moved while the step ran; retry"  # a reset raced it
-                return self._refused(req.step_id, "step_out_of_order", message, *self._counters(session))
-            committed, context = req.step_id, context + 1
-        meta = _metadata(
-            round((time.perf_counter() - plan.started) * 1000.0, 3),
-            1,
-            context,
-            committed,
-            record.uncertainty,
-            round(outcome.queue_wait_s * 1000.0, 3),
-            outcome.batch_size,
-        )
-        return _response(req.step_id, _next_observation(record, session.jpeg_quality, raw), meta, None)
+                return self._refused(step_id, "step_out_of_order", message, *self._counters(session))
+            committed, context = step_id, context + 1
+        return record, committed, context
 
     def _replay(self, session: RolloutSession, last: StepRecord, raw: bool) -> RolloutStepResponse:
         response = self._refused(
@@ -934,7 +1057,7 @@ def _fingerprint(req: RolloutStepRequest) -> str:
     """
     obs, action = req.observation, req.action
     if obs.images is None and not obs.extra and not action.extra:
-        fields = (
+        return _plain_print(
             req.step_id,
             req.use_session_context,
             obs.state,
@@ -942,7 +1065,6 @@ def _fingerprint(req: RolloutStepRequest) -> str:
             action.joint_positions,
             action.gripper_position,
         )
-        return hashlib.sha256(b"plain:" + msgpack.packb(fields)).hexdigest()
 
     def plain(value: Any) -> Any:
         if isinstance(value, np.ndarray | np.generic):
@@ -952,6 +1074,12 @@ def _fingerprint(req: RolloutStepRequest) -> str:
 
     body = json.dumps(req.model_dump(exclude=_NOT_CONTENT), sort_keys=True, default=plain)
     return hashlib.sha256(body.encode()).hexdigest()
+
+
+def _plain_print(step_id: int, contextual: bool, state: Any, prompt: str, joints: Any, gripper: Any) -> str:
+    """The print of a step made of numbers and a prompt only: the msgpack of its fields."""
+    fields = (step_id, contextual, state, prompt, joints, gripper)
+    return hashlib.sha256(b"plain:" + msgpack.packb(fields)).hexdigest()
 
 
 def _finite(value: Any, name: str) -> float:
@@ -987,3 +1115,83 @@ def _json_safe(info: dict[str, Any]) -> dict[str, Any]:
 def _short(exc: BaseException) -> str:
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return text[:_MESSAGE_LIMIT]
+
+
+def row_shape(spec: WorldSpec) -> tuple[int, ...]:
+    """One observation's shape in ``batch_step_columns``: the spec's tensor, else its flat vector."""
+    return spec.observation_shape or (len(spec.observation_names),)
+
+
+def _columns_answer(
+    shape: tuple[int, ...],
+    rows: list[tuple[str, int]],
+    answers: list[tuple[StepRecord, int, int] | RolloutStepResponse],
+    raw: bool,
+    latency_ms: float,
+) -> BatchStepColumnsResponse:
+    """Each row's result in columns: a failed row holds zeros, ``status`` says which rows did."""
+    n = len(rows)
+    observations = np.zeros((n, *shape), dtype=np.float32)
+    states: np.ndarray | None = None
+    rewards, terminated = [0.0] * n, [False] * n
+    infos: list[dict[str, Any]] = [{} for _ in range(n)]
+    uncertainty: list[float | None] = [None] * n
+    status, replayed, committed, contexts, errors = [], [], [], [], []
+    for i, answer in enumerate(answers):
+        vector = None
+        if isinstance(answer, tuple):
+            record, last, context = answer
+            observations[i] = record.observation.reshape(shape)
+            rewards[i], terminated[i], infos[i] = record.reward, record.terminated, record.info
+            uncertainty[i] = record.uncertainty
+            vector = None if record.frames is None else record.frames.vector
+            status.append("ok")
+            replayed.append(False)
+            errors.append(None)
+        else:
+            meta, error, seen = answer.model_metadata, answer.error, answer.next_observation
+            last, context = meta.committed_step_id, meta.context_length
+            message = None if error is None else error.message
+            again = answer.replayed and seen is not None
+            if again:  # the stored result of a duplicate (raw tensors)
+                latent = np.asarray(seen["video_latent"])
+                if latent.size == observations[i].size:
+                    observations[i] = latent.reshape(shape)
+                    rewards[i], terminated[i], infos[i] = seen["reward"], seen["terminated"], seen["info"]
+                    uncertainty[i] = meta.uncertainty
+                    vector = seen.get("state")
+                else:  # committed by an item, with another shape: only an item can carry it
+                    again = False
+                    message = f"{message}; it does not fit in columns: resend it as a batch_step item"
+            status.append("error")
+            replayed.append(again)
+            errors.append(None if error is None else {"code": error.code, "message": message})
+        if vector is not None:
+            if states is None:
+                states = np.zeros((n, len(vector)), dtype=np.float32)
+            if len(vector) == states.shape[1]:
+                states[i] = vector
+        committed.append(last)
+        contexts.append(context)
+    observation: dict[str, Any] = {
+        **encode_tensor_field(observations, raw=raw),
+        "reward": rewards,
+        "terminated": terminated,
+        "info": infos,
+    }
+    if states is not None:
+        observation["state"] = states if raw else states.tolist()
+    fields = {
+        "object": "batch_step.columns",
+        "session_ids": [session_id for session_id, _ in rows],
+        "step_ids": [step_id for _, step_id in rows],
+        "status": status,
+        "replayed": replayed,
+        "committed_step_ids": committed,
+        "context_lengths": contexts,
+        "errors": errors,
+        "uncertainty": uncertainty,
+        "next_observation": observation,
+        "latency_ms": latency_ms,
+    }
+    return built(BatchStepColumnsResponse, fields)
