@@ -312,6 +312,19 @@ def test_a_body_wrong_as_a_whole_is_refused_whole(
     assert vllm.status_code == 400 and vllm.json()["error"]["reason"] == "invalid_request"
 
 
+@pytest.mark.parametrize("column", ["step_ids", "actions"])
+def test_a_long_column_is_refused_before_its_rows_are_validated(
+    http: httpx.Client, client: RolloutClient, column: str
+) -> None:
+    ids, _ = sessions(client, 2)
+    long = {"step_ids": [0] * 100_000, "actions": [[0.0] * 8] * 10_000}[column]  # (a tensor is one value)
+    body = {"session_ids": ids, "step_ids": [0, 0], "actions": np.zeros((2, 8), np.float32), column: long}
+    resp = post(http, body, as_msgpack=True, headers=STRICT)
+    assert resp.status_code == 422
+    assert unpackb(resp.content)["error"]["message"] == f"batch_step takes at most {MOST} items"
+    assert [committed(client, sid) for sid in ids] == [-1, -1]
+
+
 def test_integers_stand_for_floats_as_in_items(http: httpx.Client, client: RolloutClient) -> None:
     ids, starts = sessions(client, 1)
     body = answer(

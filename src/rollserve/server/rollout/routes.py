@@ -106,8 +106,8 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
             return {}, _NoBody()  # type: ignore[return-value]
         parsed = _decode(data, media, limits, json_values)
         try:
-            if route in _BATCH_ROUTES:
-                items = parsed.get(_BATCH_ROUTES[route])
+            for key in _BATCH_LISTS.get(route, ()):
+                items = parsed.get(key)
                 if isinstance(items, list):
                     _refuse_long_batch(items, service.max_batch_items)
             request = _validated(body_model, parsed, limits)
@@ -287,7 +287,8 @@ async def _committed_step_id(service: RolloutService, session_id: str, known: in
     return known if committed is None else committed
 
 
-_BATCH_ROUTES = {"batch_step": "items", "batch_step_columns": "session_ids"}  # route -> its list of rows
+# a batch route's lists with a row each, counted before anything in them is validated
+_BATCH_LISTS = {"batch_step": ("items",), "batch_step_columns": ("session_ids", "step_ids", "actions")}
 
 
 def _refuse_long_batch(items: list[Any] | bytes, most: int) -> None:
