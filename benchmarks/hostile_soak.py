@@ -181,6 +181,11 @@ def rest_inputs() -> list[tuple[str, Any, int]]:
     bombs = packb(step(0, ok, images={f"c{i}": bomb for i in range(3)}))
     bomb_extra = packb(step(0, ok, extra={"embodiment_name": {"a": bomb}}))
     bytes_key = packb(step(0, ok, extra={"embodiment_name": {b"k": 1}}))
+    columns = "/v1/realtime/batch_step/columns"
+    bad_rows = {"session_ids": ["x", "y"], "step_ids": [0, 0], "actions": [[float("nan")] * 8, [True] * 8]}
+    long_ids = packb(
+        {"session_ids": ["x"], "step_ids": [0] * 100_000, "actions": np.zeros((1, 8), np.float32)}
+    )
     return [
         ("malformed json", (path, b'{"step_id": ', js), 20),
         ("bool step_id", (path, as_json(step(True, ok)), js), 10),
@@ -193,6 +198,8 @@ def rest_inputs() -> list[tuple[str, Any, int]]:
         ("long state", (path, as_json(step(0, state=[0.0] * 5000)), js), 5),
         ("unknown session", ("/v1/realtime/sessions/nope/step", as_json(step(0, ok)), js), 10),
         ("10k-item batch", ("/v1/realtime/batch_step", packb({"items": many}), mp_), 1),
+        ("columns: NaN and bool rows", (columns, as_json(bad_rows), js), 5),
+        ("columns: 100k step ids", (columns, long_ids, mp_), 1),
         ("json value flood", (path, flood, js), 1),
         ("empty-map flood", (path, _empty_maps(2_000_000), mp_), 1),
         ("jpeg bombs in images", (path, bombs, mp_), 1),
