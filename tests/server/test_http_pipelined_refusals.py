@@ -8,8 +8,10 @@ pipelined requests (a reviewer's findings):
 - the deadline for a pipelined request's headers likewise closes only after the answers before it;
 - the bytes of a pipelined request's body never count as the next request's header bytes;
 - a malformed request (uvicorn's 400) pipelined after valid ones likewise waits for their answers
-  (the client got the 400 alone); a malformed *body* is still answered at once, as uvicorn does:
-  its request's app may be waiting for the rest of the body, which will never come.
+  (the client got the 400 alone); a malformed *body* is still answered at once, as uvicorn does,
+  when its request's app runs: it may be waiting for the rest of the body, which will never come;
+  the malformed body of a request still queued behind another is answered in its turn, after the
+  answer before it (which uvicorn dropped), and its app never runs.
 """
 
 from __future__ import annotations
@@ -264,3 +266,19 @@ def test_a_malformed_body_is_answered_at_once_while_its_app_waits_for_it(running
         assert EATING.wait(WAIT_S)  # the app has its headers and part of the body
         sock.sendall(b"not a chunk size\r\n")
         assert _answers(_read_until_closed(sock)) == [(400, INVALID.encode())]
+
+
+def test_a_malformed_body_of_a_queued_request_is_answered_after_the_answer_before_it(
+    running: RunningServer,
+) -> None:
+    """/eat is queued behind /slow when its chunked body breaks: /slow's answer goes out first, then
+    the 400 and the close; /eat's app never runs (it would wait for a body that never comes)."""
+    eat = b"POST /eat HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    eat += b"4\r\nabcd\r\nnot a chunk size\r\n"
+    with _exchange(running, _get(b"/slow") + eat) as sock:
+        assert STARTED.wait(WAIT_S)
+        RELEASE.set()
+        data = _read_until_closed(sock)
+    assert _answers(data) == [(200, b"slow\n"), (400, INVALID.encode())]
+    assert b"\r\nconnection: close\r\n" in data.rpartition(b"HTTP/1.1 400")[2]
+    assert not EATING.is_set()

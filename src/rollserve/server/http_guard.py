@@ -22,7 +22,9 @@ deadline, ``server/rollout/routes.py``).
 Requests pipelined before a refused one are answered first: the 431 or the 400 for a malformed
 request (or the deadline's close) waits until their answers are out, and nothing after the refused
 request is read. uvicorn's own path for parser errors would close at once, dropping those answers
-(kept only for a malformed body: its app may be waiting for the rest of it), and log a deliberate
+(kept only for a malformed body whose app is running: it may be waiting for the rest; a malformed
+body of a request still queued behind others gets its 400 in its turn, from its own cycle, in place
+of its app, which never runs), and log a deliberate
 refusal as "Invalid HTTP request received.", so the cap's stop never reaches it
 (:class:`_CapAwareParser`).
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +59,22 @@ def _bad_request(message: str, default_headers: list[tuple[bytes, bytes]]) -> by
     headers = b"".join(name + b": " + value + b"\r\n" for name, value in default_headers)
     fixed = b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
     return STATUS_LINE[400] + headers + fixed % len(body) + body
+
+
+def _refusal(msg: str) -> Callable[..., Any]:
+    """An ASGI app answering uvicorn's 400 for a malformed request, in a queued request's place."""
+    body = msg.encode("ascii")
+    headers = [
+        (b"content-type", b"text/plain; charset=utf-8"),
+        (b"content-length", str(len(body)).encode("ascii")),
+        (b"connection", b"close"),
+    ]
+
+    async def refuse(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 400, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return refuse
 
 
 class _HeadersTooLarge(Exception):
@@ -154,11 +173,23 @@ def guarded_http_protocol(header_timeout_s: float, max_header_bytes: int) -> typ
 
         def send_400_response(self, msg: str) -> None:
             """uvicorn's 400 for a malformed request, after the answers due before it. A malformed
-            body is answered at once, as uvicorn does: its request's app may await the rest."""
-            if self._in_body or not self._answers_due():
+            body is answered at once, as uvicorn does, when its request's app runs (it may await
+            the rest); one of a request still queued is answered in its turn, by its own cycle."""
+            if self._in_body and any(cycle is self.cycle for cycle, _ in self.pipeline):
+                self._refuse_queued(msg)
+            elif self._in_body or not self._answers_due():
                 super().send_400_response(msg)
             else:
                 self._end(_bad_request(msg, self.server_state.default_headers))
+
+        def _refuse_queued(self, msg: str) -> None:
+            """The queued request's app never runs: its cycle answers the 400 when its turn comes,
+            then the connection closes (``on_response_complete``); nothing more is read."""
+            self._disarm()
+            self._last_words = b""
+            refused = self.cycle
+            self.pipeline = deque((c, _refusal(msg) if c is refused else app) for c, app in self.pipeline)
+            self.flow.pause_reading()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()  # starts the next pipelined request, if any
