@@ -217,6 +217,9 @@ def test_a_row_fails_alone(client: RolloutClient) -> None:
     step_ids = [0, 0, 5, 0, 0, 0]
     out = client.batch_step_columns(sent, step_ids, rows)
     assert out.ok.tolist() == [True, False, False, False, False, True]
+    assert out.session_ids == sent and out.step_ids == step_ids
+    first = float(np.float32(0.2))
+    assert not out.terminated.any() and out.info == [{"first": first}, {}, {}, {}, {}, {"first": first}]
     codes = [None if e is None else e.code for e in out.errors]
     assert codes == [
         None,

@@ -29,6 +29,7 @@ from rollserve.server.rollout.protocol import (
     FLOAT32_MAX,
     MAX_VECTOR,
     Action,
+    BatchStepColumnsRequest,
     BatchStepItem,
     BatchStepRequest,
     CreateSessionRequest,
@@ -1647,3 +1648,169 @@ def test_a_requests_print_is_computed_once_and_kept_on_it() -> None:
     first = RolloutService.fingerprint(req)
     assert first == _fingerprint(move(3)) and req._fingerprint == first
     assert RolloutService.fingerprint(req) is first  # the kept one, not computed again
+
+
+# -- batch_step/columns: each row is its item, answered in columns ------------------------------------------
+def columns(session_ids: list[str], step_ids: list[int], *rows: list[float]) -> BatchStepColumnsRequest:
+    return BatchStepColumnsRequest(session_ids=session_ids, step_ids=step_ids, actions=np.array(rows))
+
+
+ROW = [0.5, -1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.25]  # moves a pin world session by (0.5, -1, 2)
+
+
+async def test_a_row_asks_the_world_what_its_item_asks(service, world) -> None:
+    by_item, by_row = await create(service, seed=4), await create(service, seed=4)
+    item = BatchStepItem(
+        session_id=by_item,
+        step_id=0,
+        observation=Observation(),
+        action=Action(joint_positions=ROW[:7], gripper_position=ROW[7]),
+    )
+    items = await service.batch_step(BatchStepRequest(items=[item]))
+    rows = await service.batch_step_columns(columns([by_row], [0], ROW), raw_tensors=True)
+    asked_item, asked_row = world.steps[-2:]
+    assert asked_row.action.dtype == np.float32 and asked_row.action.shape == (8,)
+    np.testing.assert_array_equal(asked_row.action, asked_item.action)
+    assert asked_item.action.dtype == np.float32
+    assert asked_row.inputs.keys() == asked_item.inputs.keys() == {
+        "prompt", "observation/joint_position", "observation/gripper_position"
+    }  # fmt: skip
+    assert asked_row.inputs["prompt"] == asked_item.inputs["prompt"] == ""
+    for key in ("observation/joint_position", "observation/gripper_position"):
+        assert asked_row.inputs[key].dtype == asked_item.inputs[key].dtype == np.float64
+        np.testing.assert_array_equal(asked_row.inputs[key], asked_item.inputs[key])
+    np.testing.assert_array_equal(asked_row.state[0], asked_item.state[0])
+    np.testing.assert_array_equal(
+        rows.next_observation["video_latent"][0], latent(items.results[0].next_observation)
+    )
+    np.testing.assert_array_equal(
+        rows.next_observation["video_latent"][0], [9.0, 6.0, 12.0]
+    )  # (4.5, 3, 6) x 2
+
+
+async def test_rows_answer_in_columns_each_with_its_own_counters(service, world) -> None:
+    world.vector, world.uncertainty, world.info = np.arange(4, dtype=np.float32), 0.5, {"k": 1}
+    a, b, c = [await create(service, seed=s) for s in (1, 2, 3)]
+    edge = [0.0] * 7 + [FLOAT32_MAX]  # the largest float32 still counts as finite
+    req = columns([a, "nobody", a, b, c], [0, 4, 0, 0, 0], ROW, ROW, ROW, [float("nan")] * 8, edge)
+    before = time.perf_counter()
+    out = await service.batch_step_columns(req, raw_tensors=True)
+    took_ms = (time.perf_counter() - before) * 1000.0
+    assert out.object == "batch_step.columns"
+    assert out.session_ids == [a, "nobody", a, b, c] and out.step_ids == [0, 4, 0, 0, 0]
+    assert out.status == ["ok", "error", "error", "error", "ok"]
+    assert out.replayed == [False] * 5
+    assert out.committed_step_ids == [0, -1, 0, -1, 0] and out.context_lengths == [1, 0, 1, 0, 1]
+    assert out.errors == [
+        None,
+        {"code": "session_not_found", "message": "session 'nobody' does not exist"},
+        {"code": "invalid_request", "message": "a session may appear only once per batch_step"},
+        {"code": "invalid_request", "message": "actions[3] must be finite and within float32 range"},
+        None,
+    ]
+    assert out.uncertainty == [0.5, None, None, None, 0.5]
+    seen = out.next_observation
+    assert (seen["encoding"], seen["dtype"], seen["shape"]) == ("tensor", "float32", [5, 3])
+    assert seen["video_latent"].dtype == np.float32
+    np.testing.assert_array_equal(
+        seen["video_latent"], [[3.0, 0.0, 6.0], [0] * 3, [0] * 3, [0] * 3, [6.0] * 3]
+    )
+    assert isinstance(seen["state"], np.ndarray) and seen["state"].dtype == np.float32
+    np.testing.assert_array_equal(seen["state"], [[0, 1, 2, 3], [0] * 4, [0] * 4, [0] * 4, [0, 1, 2, 3]])
+    assert seen["reward"] == [0.25, 0.0, 0.0, 0.0, 0.25] and seen["terminated"] == [False] * 5
+    assert seen["info"] == [{"k": 1}, {}, {}, {}, {"k": 1}]
+    assert isinstance(out.latency_ms, float) and 0.0 < out.latency_ms <= took_ms
+    assert round(out.latency_ms, 3) == out.latency_ms
+    assert [(await service.get_status(s)).committed_step_id for s in (a, b, c)] == [0, -1, 0]
+
+
+async def test_columns_in_json_carry_base64_and_lists(service, world) -> None:
+    world.vector = np.arange(2, dtype=np.float32)
+    sid = await create(service, seed=1)
+    out = await service.batch_step_columns(columns([sid], [0], ROW))  # JSON, the default
+    seen = out.next_observation
+    assert (seen["encoding"], seen["shape"]) == ("base64_raw_tensor", [1, 3])
+    np.testing.assert_array_equal(latent(seen), [[3.0, 0.0, 6.0]])
+    assert seen["state"] == [[0.0, 1.0]]
+
+
+async def test_a_replayed_row_holds_the_stored_result_and_another_action_holds_none(service, world) -> None:
+    world.vector, world.uncertainty, world.info, world.reward = np.ones(2, np.float32), 0.75, {"n": 2}, 1.5
+    sid = await create(service, seed=5)
+    first = await service.batch_step_columns(columns([sid], [0], ROW), raw_tensors=True)
+    world.vector, world.uncertainty, world.info, world.reward = None, None, {}, 0.0  # a replay runs nothing
+    steps = len(world.steps)
+    again = await service.batch_step_columns(columns([sid], [0], ROW), raw_tensors=True)
+    assert len(world.steps) == steps
+    assert again.status == ["error"] and again.replayed == [True] and again.step_ids == [0]
+    assert again.errors == [
+        {
+            "code": "step_already_committed",
+            "message": "step 0 is already committed; its stored result is returned",
+        }
+    ]
+    assert (again.committed_step_ids, again.context_lengths, again.uncertainty) == ([0], [1], [0.75])
+    seen, stored = again.next_observation, first.next_observation
+    np.testing.assert_array_equal(seen["video_latent"], stored["video_latent"])
+    np.testing.assert_array_equal(seen["state"], [[1.0, 1.0]])
+    assert (seen["reward"], seen["terminated"], seen["info"]) == ([1.5], [False], [{"n": 2}])
+    other = await service.batch_step_columns(columns([sid], [0], [0.0] * 8), raw_tensors=True)
+    assert other.status == ["error"] and other.replayed == [False]
+    assert other.errors[0]["code"] == "step_already_committed" and "differs" in other.errors[0]["message"]
+    assert not other.next_observation["video_latent"].any() and other.uncertainty == [None]
+    assert (other.next_observation["reward"], other.next_observation["terminated"]) == ([0.0], [False])
+
+
+async def test_a_row_queued_behind_a_close_is_refused_with_the_final_counters() -> None:
+    async with close_queued_behind_a_step() as (svc, sid, release):
+        queued = asyncio.create_task(svc.batch_step_columns(columns([sid], [1], ROW), raw_tensors=True))
+        await release()
+        out = await asyncio.wait_for(queued, 5.0)
+        assert out.status == ["error"] and out.step_ids == [1]
+        assert out.errors == [{"code": "session_closed", "message": f"session {sid!r} is closed"}]
+        assert (out.committed_step_ids, out.context_lengths) == ([0], [1])
+
+
+async def test_a_rendering_session_and_a_misshapen_observation_commit_nothing(service, world) -> None:
+    shown = await create(service, seed=1, render=RenderRequest(cameras=["front"]))
+    plain = await create(service, seed=2)
+    await service.step(plain, move(0))
+    steps = len(world.steps)
+    out = await service.batch_step_columns(columns([shown], [0], ROW), raw_tensors=True)
+    assert len(world.steps) == steps  # refused before the world was asked
+    message = "a rendering session's frames do not fit in columns: step it with batch_step items"
+    assert out.errors == [{"code": "invalid_request", "message": message}] and out.step_ids == [0]
+    assert (out.committed_step_ids, out.context_lengths) == ([-1], [0])
+    world.replace_output = WorldOutput(state=(np.zeros(3, np.float32), None), observation=np.zeros(4))
+    out = await service.batch_step_columns(columns([plain], [1], ROW), raw_tensors=True)
+    message = "world step failed: its observation is not of the spec's shape [3]"
+    assert out.errors == [{"code": "inference_error", "message": message}] and out.step_ids == [1]
+    assert (out.committed_step_ids, out.context_lengths) == ([0], [1])
+    assert (await service.get_status(plain)).committed_step_id == 0
+
+
+async def test_a_row_that_loses_its_commit_to_a_reset_elsewhere_is_checked_again(world) -> None:
+    store = RacedStore()
+    svc = RolloutService(world, FAST, store=store)
+    try:
+        sid = await create(svc, seed=2)
+        await svc.step(sid, move(0))
+
+        def reset(session: RolloutSession) -> Commit:
+            base = (session.epoch, session.committed_step_id)
+            return Commit(base, session.root, session.observation, -1, 0, None, base[0] + 1)
+
+        store.rival = reset
+        out = await svc.batch_step_columns(columns([sid], [1], ROW), raw_tensors=True)
+        assert out.errors == [{"code": "step_out_of_order", "message": "expected step_id 0, got 1"}]
+        assert (out.committed_step_ids, out.context_lengths, out.step_ids) == ([-1], [0], [1])
+        store.rival = reset
+        out = await svc.batch_step_columns(columns([sid], [0], ROW), raw_tensors=True)
+        message = "the session moved while the step ran; retry"
+        assert out.errors == [{"code": "step_out_of_order", "message": message}]
+        assert (out.committed_step_ids, out.context_lengths) == ([-1], [0])
+        assert not out.next_observation["video_latent"].any()
+        out = await svc.batch_step_columns(columns([sid], [0], ROW), raw_tensors=True)
+        assert out.status == ["ok"]  # the retry the message asks for
+    finally:
+        svc.close()

@@ -1136,11 +1136,12 @@ def _columns_answer(
     rewards, terminated = [0.0] * n, [False] * n
     infos: list[dict[str, Any]] = [{} for _ in range(n)]
     uncertainty: list[float | None] = [None] * n
-    status, replayed, committed, contexts, errors = [], [], [], [], []
+    status, replayed, committed, contexts, errors, step_ids = [], [], [], [], [], []
     for i, answer in enumerate(answers):
         vector = None
         if isinstance(answer, tuple):
             record, last, context = answer
+            step_ids.append(record.step_id)
             observations[i] = record.observation.reshape(shape)
             rewards[i], terminated[i], infos[i] = record.reward, record.terminated, record.info
             uncertainty[i] = record.uncertainty
@@ -1151,6 +1152,7 @@ def _columns_answer(
         else:
             meta, error, seen = answer.model_metadata, answer.error, answer.next_observation
             last, context = meta.committed_step_id, meta.context_length
+            step_ids.append(answer.step_id)
             message = None if error is None else error.message
             again = answer.replayed and seen is not None
             if again:  # the stored result of a duplicate (raw tensors)
@@ -1184,7 +1186,7 @@ def _columns_answer(
     fields = {
         "object": "batch_step.columns",
         "session_ids": [session_id for session_id, _ in rows],
-        "step_ids": [step_id for _, step_id in rows],
+        "step_ids": step_ids,
         "status": status,
         "replayed": replayed,
         "committed_step_ids": committed,
