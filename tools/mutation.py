@@ -79,6 +79,8 @@ MODULES: dict[str, CoreModule] = {
             "tests/server/test_rollout_bool_floats.py",
             "tests/server/test_rollout_batch_columns.py",
         ),
+        # a start-state test loads the video world: forked after torch ran, a mutant's run hung in torch
+        fork_server=True,
     ),
     "auth": CoreModule(("src/rollserve/server/auth.py",), ("tests/server/test_auth.py",)),
     "guidance": CoreModule(
