@@ -1814,3 +1814,42 @@ async def test_a_row_that_loses_its_commit_to_a_reset_elsewhere_is_checked_again
         assert out.status == ["ok"]  # the retry the message asks for
     finally:
         svc.close()
+
+
+async def test_columns_report_their_latency_in_ms_to_the_microsecond(service, monkeypatch) -> None:
+    sid = await create(service, seed=1)
+    ticks = iter([10.0, 10.0123456])  # the batch's start and end on the service's clock
+    monkeypatch.setattr(service_module, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    out = await service.batch_step_columns(columns([sid], [0], ROW), raw_tensors=True)
+    assert out.status == ["ok"] and out.latency_ms == 12.346
+
+
+async def test_an_observation_of_the_specs_size_in_another_shape_fills_its_row(service, world) -> None:
+    sid = await create(service, seed=1)
+    world.replace_output = WorldOutput(state=(np.ones(3, np.float32), None), observation=np.full((3, 1), 7.0))
+    out = await service.batch_step_columns(columns([sid], [0], ROW), raw_tensors=True)
+    assert out.status == ["ok"]
+    np.testing.assert_array_equal(out.next_observation["video_latent"], [[7.0, 7.0, 7.0]])
+    again = await service.batch_step_columns(columns([sid], [0], ROW), raw_tensors=True)
+    assert again.replayed == [True]
+    np.testing.assert_array_equal(again.next_observation["video_latent"], [[7.0, 7.0, 7.0]])
+
+
+async def test_a_stored_result_that_does_not_fit_in_columns_is_refused_not_replayed(service, world) -> None:
+    sid = await create(service, seed=1)
+    world.replace_output = WorldOutput(state=(np.ones(3, np.float32), None), observation=np.full(4, 7.0))
+    item = BatchStepItem(
+        session_id=sid, step_id=0, observation=Observation(),
+        action=Action(joint_positions=ROW[:7], gripper_position=ROW[7]),
+    )  # fmt: skip
+    assert (await service.batch_step(BatchStepRequest(items=[item]))).results[0].status == "ok"  # any shape
+    out = await service.batch_step_columns(columns([sid], [0], ROW), raw_tensors=True)
+    assert out.status == ["error"] and out.replayed == [False]
+    assert out.errors == [
+        {
+            "code": "step_already_committed",
+            "message": "step 0 is already committed; its stored result is returned; it does not fit in "
+            "columns: resend it as a batch_step item",
+        }
+    ]
+    assert not out.next_observation["video_latent"].any() and out.uncertainty == [None]

@@ -1151,10 +1151,10 @@ def _columns_answer(
             errors.append(None)
         else:
             meta, error, seen = answer.model_metadata, answer.error, answer.next_observation
+            assert error is not None  # a refusal, or a replay (``step_already_committed``)
             last, context = meta.committed_step_id, meta.context_length
             step_ids.append(answer.step_id)
-            message = None if error is None else error.message
-            again = answer.replayed and seen is not None
+            message, again = error.message, answer.replayed
             if again:  # the stored result of a duplicate (raw tensors)
                 latent = np.asarray(seen["video_latent"])
                 if latent.size == observations[i].size:
@@ -1167,7 +1167,7 @@ def _columns_answer(
                     message = f"{message}; it does not fit in columns: resend it as a batch_step item"
             status.append("error")
             replayed.append(again)
-            errors.append(None if error is None else {"code": error.code, "message": message})
+            errors.append({"code": error.code, "message": message})
         if vector is not None:
             if states is None:
                 states = np.zeros((n, len(vector)), dtype=np.float32)
