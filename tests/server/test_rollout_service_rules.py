@@ -683,6 +683,15 @@ async def test_a_refused_start_state_is_the_clients_error_and_changes_nothing(se
     assert (status.committed_step_id, status.context_length) == (0, 1)
 
 
+async def test_a_first_step_from_a_refused_start_state_is_the_clients_error(service, world) -> None:
+    sid = await create(service)
+    step = await service.step(sid, move(0, extra={"observation/state": [1.0, 2.0]}))
+    assert error_of(step) == ("invalid_request", "pin start state must have 3 values, got 2", 0, -1, -1, 0)
+    assert step.next_observation is None
+    status = await service.get_status(sid)
+    assert (status.committed_step_id, status.context_length) == (-1, 0)
+
+
 @pytest.mark.parametrize(
     ("error", "code", "message"),
     [
