@@ -813,30 +813,38 @@ class RacedStore(RolloutStore):
         return await super().commit(session, change)
 
 
-async def test_a_step_that_loses_to_a_reset_elsewhere_is_out_of_order(world) -> None:
+def reset_elsewhere(session: RolloutSession) -> Commit:
+    """Another writer's reset of ``session`` (a new epoch at step -1), for ``RacedStore.rival``."""
+    base = (session.epoch, session.committed_step_id)
+    return Commit(base, session.root, session.observation, -1, 0, None, base[0] + 1)
+
+
+@contextlib.asynccontextmanager
+async def raced(world: PinWorld) -> AsyncIterator[tuple[RolloutService, RacedStore, str]]:
+    """A service over a ``RacedStore`` and a session of it at committed step 0."""
     store = RacedStore()
     svc = RolloutService(world, FAST, store=store)
     try:
         sid = await create(svc, seed=2)
         await svc.step(sid, move(0))
+        yield svc, store, sid
+    finally:
+        svc.close()
 
-        def reset(session: RolloutSession) -> Commit:
-            base = (session.epoch, session.committed_step_id)
-            return Commit(base, session.root, session.observation, -1, 0, None, base[0] + 1)
 
-        store.rival = reset
+async def test_a_step_that_loses_to_a_reset_elsewhere_is_out_of_order(world) -> None:
+    async with raced(world) as (svc, store, sid):
+        store.rival = reset_elsewhere
         resp = await svc.step(sid, move(1))  # checked again against the new episode
         assert error_of(resp) == ("step_out_of_order", "expected step_id 0, got 1", 1, -1, -1, 0)
         assert resp.next_observation is None
-        store.rival = reset
+        store.rival = reset_elsewhere
         fresh = await svc.step(sid, move(0))  # valid in the new episode too, but planned for the old one
         assert error_of(fresh) == (
             "step_out_of_order", "the session moved while the step ran; retry", 0, -1, -1, 0
         )  # fmt: skip
         assert fresh.next_observation is None
         assert (await svc.step(sid, move(0))).error is None  # the retry the message asks for
-    finally:
-        svc.close()
 
 
 async def test_a_step_that_loses_to_the_same_step_elsewhere_gets_that_result(world) -> None:
@@ -1799,21 +1807,12 @@ async def test_a_rendering_session_and_a_misshapen_observation_commit_nothing(se
 
 
 async def test_a_row_that_loses_its_commit_to_a_reset_elsewhere_is_checked_again(world) -> None:
-    store = RacedStore()
-    svc = RolloutService(world, FAST, store=store)
-    try:
-        sid = await create(svc, seed=2)
-        await svc.step(sid, move(0))
-
-        def reset(session: RolloutSession) -> Commit:
-            base = (session.epoch, session.committed_step_id)
-            return Commit(base, session.root, session.observation, -1, 0, None, base[0] + 1)
-
-        store.rival = reset
+    async with raced(world) as (svc, store, sid):
+        store.rival = reset_elsewhere
         out = await svc.batch_step_columns(columns([sid], [1], ROW), raw_tensors=True)
         assert out.errors == [{"code": "step_out_of_order", "message": "expected step_id 0, got 1"}]
         assert (out.committed_step_ids, out.context_lengths, out.step_ids) == ([-1], [0], [1])
-        store.rival = reset
+        store.rival = reset_elsewhere
         out = await svc.batch_step_columns(columns([sid], [0], ROW), raw_tensors=True)
         message = "the session moved while the step ran; retry"
         assert out.errors == [{"code": "step_out_of_order", "message": message}]
@@ -1821,8 +1820,6 @@ async def test_a_row_that_loses_its_commit_to_a_reset_elsewhere_is_checked_again
         assert not out.next_observation["video_latent"].any()
         out = await svc.batch_step_columns(columns([sid], [0], ROW), raw_tensors=True)
         assert out.status == ["ok"]  # the retry the message asks for
-    finally:
-        svc.close()
 
 
 async def test_columns_report_their_latency_in_ms_to_the_microsecond(service, monkeypatch) -> None:
