@@ -1859,3 +1859,22 @@ async def test_a_stored_result_that_does_not_fit_in_columns_is_refused_not_repla
         }
     ]
     assert not out.next_observation["video_latent"].any() and out.uncertainty == [None]
+
+
+async def test_a_replayed_step_restarts_the_idle_clock_too() -> None:
+    """A duplicate is answered without the world and without the end-of-step touch: it is use all
+    the same, so opening the session for it restarts the idle clock."""
+    now = [0.0]
+    settings = ServerSettings(rollout_idle_ttl_s=10.0, max_batch_wait_ms=0.0)
+    svc = RolloutService(PinWorld(), settings, clock=lambda: now[0])
+    try:
+        sid = await create(svc)
+        await svc.step(sid, move(0))
+        now[0] = 8.0
+        assert (await svc.step(sid, move(0))).replayed
+        now[0] = 15.0  # 7 s after the replay, 15 s after the step
+        assert (await svc.get_status(sid)).closed is False
+        now[0] = 18.5  # 10.5 s after the replay
+        assert (await svc.get_status(sid)).closed_reason == "expired"
+    finally:
+        svc.close()
