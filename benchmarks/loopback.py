@@ -93,10 +93,12 @@ def start_rollserve(
     max_wait_ms: float = 2.0,
     pythonpath: str | None = None,
     start_timeout_s: float = _START_TIMEOUT_S,
+    extra: Sequence[str] = (),
 ) -> ServerProcess:
     """``rollserve serve --port 0`` in a subprocess; returns once it prints its address.
 
     ``pythonpath`` (a ``src`` directory) runs another tree's rollserve: an A/B in one run.
+    ``extra``: more ``serve`` flags.
     """
     command = [*rollserve_command(), "serve", "--port", "0", "--log-level", "warning"]
     if policy:
@@ -104,6 +106,7 @@ def start_rollserve(
         command += ["--max-batch", str(max_batch), "--max-wait-ms", str(max_wait_ms)]
     if world:
         command += ["--world", world]
+    command += extra
     env = server_env() | ({"PYTHONPATH": pythonpath} if pythonpath else {})
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     assert process.stdout is not None

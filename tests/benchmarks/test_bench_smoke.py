@@ -126,6 +126,16 @@ def test_batch_step_cpu_together_with_a_client_tree() -> None:
     assert server["server_ms"] != server["server_ms"]  # NaN: the client row shared this server
 
 
+def test_rest_cpu_measures_every_request_kind() -> None:
+    src = str(BENCHMARKS.parent / "src")
+    result = run_benchmark("bench_rest_cpu.py", "--requests", "5", "--rounds", "1", "--src", src)
+    assert result["benchmark"] == "rest_cpu" and result["world"] == "toy"
+    assert set(result["trees"]) == {src}
+    for kinds in result["trees"].values():
+        assert set(kinds) == {"step", "status", "malformed", "healthz"}
+        assert all(kind["server_us"] > 0 and kind["wall_us"] > 0 for kind in kinds.values())
+
+
 def test_run_all_writes_json_and_markdown(tmp_path: Path) -> None:
     command = [
         sys.executable,
@@ -151,6 +161,7 @@ def test_run_all_writes_json_and_markdown(tmp_path: Path) -> None:
         "bench_many_robots.py",
         "bench_rollouts.py",
         "bench_batch_step_cpu.py",
+        "bench_rest_cpu.py",
         "run_all.py",
     ],
 )
