@@ -6,7 +6,8 @@ tree (``--src``, e.g. ``git archive`` of an older commit; this tree by default),
 drives each with one closed-loop client, round after round, the trees interleaved within each
 round so background load hits them alike. Per request kind it reports the server process's CPU
 (its ``/proc`` counters: far less noisy on a shared box than wall time) and the client's wall
-time, medians of the rounds:
+time, medians of the rounds, and each tree's CPU against the first tree's, round by round
+(the median of those ratios and their range):
 
 - ``step``: a valid step of one session (JSON), each the next step id;
 - ``status``: ``GET`` that session's status;
@@ -112,20 +113,41 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 target.client.close()
     rows, results = [], {}
     for kind in KINDS:
-        base = statistics.median(run["server_us"] for run in samples[(names[0], kind)])
+        base_runs = [run["server_us"] for run in samples[(names[0], kind)]]
         for name in names:
-            runs = samples[(name, kind)]
-            server_us = statistics.median(run["server_us"] for run in runs)
-            spread = [min(run["server_us"] for run in runs), max(run["server_us"] for run in runs)]
-            wall_us = statistics.median(run["wall_us"] for run in runs)
-            results.setdefault(name, {})[kind] = {"server_us": server_us, "range": spread, "wall_us": wall_us}
+            runs = [run["server_us"] for run in samples[(name, kind)]]
+            ratios = [own / base for own, base in zip(runs, base_runs, strict=True)]  # round by round
+            result = {
+                "server_us": statistics.median(runs),
+                "range": [min(runs), max(runs)],
+                "ratio": statistics.median(ratios),
+                "ratio_range": [min(ratios), max(ratios)],
+                "wall_us": statistics.median(run["wall_us"] for run in samples[(name, kind)]),
+            }
+            results.setdefault(name, {})[kind] = result
             rows.append(
-                [kind, name, server_us, f"{spread[0]:.0f}-{spread[1]:.0f}", server_us / base, wall_us]
+                [
+                    kind,
+                    name,
+                    result["server_us"],
+                    f"{min(runs):.0f}-{max(runs):.0f}",
+                    result["ratio"],
+                    f"{min(ratios):.2f}-{max(ratios):.2f}",
+                    result["wall_us"],
+                ]
             )
     print_table(
         f"REST requests on world {args.world!r}: server CPU per request, median of {rounds} rounds x {count}"
         f" (load {os.getloadavg()[0]:.1f})",
-        ["request", "server source", "server CPU us", "rounds", f"x {names[0]}", "client wall us"],
+        [
+            "request",
+            "server source",
+            "server CPU us",
+            "rounds",
+            f"x {names[0]}",
+            "x per round",
+            "client wall us",
+        ],
         rows,
     )
     out = {"world": args.world, "requests": count, "rounds": rounds, "trees": results}
