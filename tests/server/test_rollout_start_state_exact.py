@@ -6,7 +6,9 @@ exactly, ``low``/``high`` being the numbers ``/v1/models`` publishes and ``v`` t
 request (float64 from JSON). Rounding first let a value just past a bound round onto it and pass
 (``1 + 2**-52`` for the toy's bound 1.0), and compared with bounds rounded to float32, which moves
 a bound that float32 cannot hold: 0.7 becomes 0.699999988..., so 0.7 itself, at the bound, was
-refused, and 0.1 becomes 0.100000001..., so a value just past 0.1 passed.
+refused, and 0.1 becomes 0.100000001..., so a value just past 0.1 passed. That float32 rounding
+itself (the bound of the float32 ``observation_space`` a gymnasium client holds) is at the bound too,
+and nothing between it and the published number is.
 
 The values are computed here from their definitions (``1 + 2**-52`` is the float64 after 1.0), not
 read from the code under test.
@@ -15,12 +17,18 @@ read from the code under test.
 from __future__ import annotations
 
 import base64
+import dataclasses
 
 import httpx
 import numpy as np
 import pytest
 
 from rollserve.models.world import WorldSpec
+from rollserve.models.worlds import ToyWorld
+from rollserve.server.app import create_app
+from rollserve.server.rollout.service import RolloutService
+from rollserve.server.running import serving
+from rollserve.server.settings import ServerSettings
 
 SESSIONS = "/v1/realtime/sessions"
 ACTION = {"joint_positions": [0.1] * 7, "gripper_position": 0.5}
@@ -95,6 +103,20 @@ def test_a_value_at_or_inside_the_bounds_as_sent_is_accepted(low: float, high: f
     spec(low, high).check_start_state(np.array([0.0, value], dtype=np.float64))
 
 
+def test_only_the_float32_rounding_of_a_bound_counts_as_the_bound_not_what_lies_between() -> None:
+    """float32(0.1) = 0.100000001490116...: past 0.1 exactly, but it is the bound of the float32
+    ``observation_space`` a gymnasium client holds, and it rounds to the same float32 start as 0.1."""
+    bound32 = float(np.float32(0.1))
+    assert bound32 == 0.100000001490116119384765625  # float32(0.1), exactly
+    past = np.nextafter(bound32, 1.0)  # the float64 after it: rounds to float32(0.1) too
+    assert np.float32(past) == np.float32(0.1)
+    with pytest.raises(ValueError, match=r"is above observation_high 0\.1$"):
+        spec(-1.0, 0.1).check_start_state(np.array([0.0, past]))
+    with pytest.raises(ValueError, match=r"is below observation_low -0\.1$"):
+        spec(-0.1, 1.0).check_start_state(np.array([0.0, -past]))
+    spec(-0.1, 0.1).check_start_state(np.array([-bound32, bound32]))  # both at their bounds
+
+
 def _state(last: float) -> list[float]:
     """A toy start state (15 values, bounds +-1) whose last value (``target_6``) is ``last``."""
     return [0.0] * 14 + [last]
@@ -155,3 +177,27 @@ def test_the_server_starts_from_a_start_at_or_inside_the_bounds_as_sent(
     first = _observation(resp.json()["observation"])
     assert first.tolist() == np.float32(_state(last)).tolist()  # the float32 rounding of what was sent
     assert -1.0 <= first[14] <= 1.0
+
+
+class _TenthWorld(ToyWorld):
+    """The toy world with a bound float32 cannot hold: ``target_6`` within [-0.1, 0.1]."""
+
+    spec = dataclasses.replace(
+        ToyWorld.spec, observation_low=(-1.0,) * 14 + (-0.1,), observation_high=(1.0,) * 14 + (0.1,)
+    )
+
+
+def test_the_server_starts_from_the_float32_bound_a_gym_space_holds() -> None:
+    settings = ServerSettings(max_batch_wait_ms=0.0)
+    app = create_app(settings, rollout=RolloutService(_TenthWorld(), settings))
+    with serving(app) as server, httpx.Client(base_url=server.http_url, timeout=30) as http:
+        high = http.get("/v1/models").json()["data"][0]["observation"]["high"][14]
+        assert high == 0.1  # published as the world states it
+        space_high = float(np.float32(high))  # what RolloutEnv's float32 observation_space holds
+        sid = _create(http)
+        started = http.post(f"{SESSIONS}/{sid}/reset", json={"state": _state(space_high)})
+        assert started.status_code == 200, started.text
+        assert _observation(started.json()["observation"])[14] == np.float32(0.1)
+        between = http.post(f"{SESSIONS}/{sid}/reset", json={"state": _state(0.1 + 2.0**-56)})
+        assert between.status_code == 400
+        assert between.json()["error"]["message"].endswith("is above observation_high 0.1")

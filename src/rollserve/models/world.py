@@ -105,13 +105,19 @@ class WorldSpec:
         ``state`` is the values as the client sent them (float64 from JSON), not yet rounded to
         float32: they are compared exactly with the bounds as ``/v1/models`` publishes them, so a
         value past a bound by less than float32's rounding is refused, not rounded onto the bound.
-        Rounding after the check cannot leave the bounds' float32 box (rounding keeps order)."""
+        Rounding after the check cannot leave the bounds' float32 box (rounding keeps order).
+
+        A bound float32 cannot hold also counts in its float32 rounding (``0.1`` as
+        ``0.100000001...``): that is the bound of the float32 ``observation_space`` a gymnasium
+        client holds, and it rounds to the same float32 start as the bound itself."""
         bounds = self.state_bounds
         if bounds is None:
             return
         values = np.asarray(state, dtype=np.float64)  # exact for float32 and float64 input
         low, high = (np.asarray(b, dtype=np.float64) for b in bounds)
-        outside = np.flatnonzero(~((values >= low) & (values <= high)))
+        inside = (values >= low) & (values <= high)
+        inside |= (values == low.astype(np.float32)) | (values == high.astype(np.float32))
+        outside = np.flatnonzero(~inside)
         if outside.size == 0:
             return
         i = int(outside[0])
