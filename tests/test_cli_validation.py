@@ -552,11 +552,10 @@ def test_train_help_lists_only_the_documented_jobs(capsys: pytest.CaptureFixture
             ["--policy", "rollserve.models.simple_policies:chunk_policy", "--world-arg", "path=x"],
             "needs --world",
         ),
-        (["--world", "learned", "--world-arg", "path=x", "--ray"], "not with --ray"),
         (["--world", "learned", "--world-arg", "=x"], "must look like KEY=VALUE"),
     ],
 )
-def test_serve_world_arg_needs_a_world_and_no_ray(
+def test_serve_world_arg_needs_a_world_and_key_value_pairs(
     argv: list[str], expected: str, capsys: pytest.CaptureFixture, no_long_work: None
 ) -> None:
     assert_usage_error(["serve", *argv], capsys, "--world-arg", expected)

@@ -108,6 +108,18 @@ def test_a_world_is_resolved_but_never_built_by_the_builder(monkeypatch) -> None
         assert isinstance(build_app({"world": world}), serve.Application)
 
 
+def test_world_kwargs_are_checked_as_the_clis_world_args_are() -> None:
+    with pytest.raises(WorldLoadError) as err:
+        build_app({"world": "toy", "world_kwargs": {"path": "x"}})
+    assert str(err.value) == "world 'toy' takes no argument 'path' (--world-arg); it takes none"
+    with pytest.raises(ValueError, match=r"^world_kwargs needs world \(as --world-arg needs --world\)$"):
+        build_app({"policy": "rollserve.models.checkpoint:load_default", "world_kwargs": {"path": "x"}})
+    with pytest.raises(ValueError, match=r"^world_kwargs must be a map"):
+        build_app({"world": "learned", "world_kwargs": "path=x"})
+    built = build_app({"world": "learned", "world_kwargs": {"path": "/nowhere"}})  # read by each replica
+    assert isinstance(built, serve.Application)
+
+
 def test_a_status_code_mode_the_cli_refuses_is_refused_by_name() -> None:
     with pytest.raises(UsageError) as err:
         build_app({"world": "toy", "rollout_status_codes": "semantic"})
@@ -151,6 +163,13 @@ def test_serve_ray_refuses_an_unknown_world_as_one_process_does_before_starting_
         == "rollserve serve: error: unknown world 'nope': use sim, learned, video, toy or module.path:factory"
     )
     assert _serve_error("--ray", "--world", "nope") == alone
+
+
+def test_serve_ray_refuses_a_world_arg_the_world_does_not_take_as_one_process_does() -> None:
+    alone = _serve_error("--world", "toy", "--world-arg", "path=x")
+    refusal = "world 'toy' takes no argument 'path' (--world-arg); it takes none"
+    assert alone == f"rollserve serve: error: {refusal}"
+    assert _serve_error("--ray", "--world", "toy", "--world-arg", "path=x") == alone
 
 
 # -- the policy and the policy a world acts with, resolved as `rollserve serve` resolves them ----------

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -20,17 +21,25 @@ pytest.importorskip("ray.serve")
 from rollserve.client.rollout_client import RolloutClient
 from rollserve.scale.launch import free_port
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
+from test_serve_trained_world import MARK, _retrained  # a marked copy of the shipped checkpoint
+
 pytestmark = pytest.mark.slow
 
 
-def test_serve_ray_starts_a_local_cluster_and_stops_cleanly() -> None:
+def test_serve_ray_starts_a_local_cluster_and_stops_cleanly(tmp_path: Path) -> None:
+    """Also: the replicas build the world with its ``--world-arg`` (a retrained folder, given by a
+    path relative to where the command runs)."""
+    _retrained("learned", tmp_path)
     port = free_port("127.0.0.1")
     command = [
         sys.executable, "-c", "import sys; from rollserve.cli import main; sys.exit(main())",
-        "serve", "--ray", "--replicas", "1", "--world", "toy", "--port", str(port), "--log-level", "warning",
-        "--keep-alive-s", "1",
+        "serve", "--ray", "--replicas", "1", "--world", "learned", "--world-arg", "path=learned_retrained",
+        "--port", str(port), "--log-level", "warning", "--keep-alive-s", "1",
     ]  # fmt: skip
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(server.stdout), daemon=True)  # type: ignore[arg-type]
     reader.start()
@@ -41,8 +50,11 @@ def test_serve_ray_starts_a_local_cluster_and_stops_cleanly() -> None:
             time.sleep(0.5)
         line = next(line for line in lines if "rollserve serving on" in line)
         assert f"http://127.0.0.1:{port}" in line and "1 replica(s) on Ray Serve (a local Ray)" in line
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()["data"]
+        (learned,) = [m for m in models if m["id"] == "learned"]
+        assert learned["action"]["high"][0] == MARK  # the retrained folder, not the shipped checkpoint
         with RolloutClient(f"http://127.0.0.1:{port}") as client:
-            sid, _ = client.create_session("toy", seed=0)
+            sid, _ = client.create_session("learned", seed=0)
             client.step(sid, 0, np.zeros(8, np.float32))
             assert client.status(sid)["committed_step_id"] == 0
         assert _closed_after_idle(port, seconds=4.0), "the proxy kept an idle keep-alive connection open"

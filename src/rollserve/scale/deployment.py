@@ -40,7 +40,9 @@ APP_NAME = "rollserve"
 REPORT_EVERY_S = 2.0
 
 
-SERVICE_KEYS = ("policy", "policy_kwargs", "world", "world_policy", "execution_horizon", "openpi_layout")
+SERVICE_KEYS = (
+    "policy", "policy_kwargs", "world", "world_kwargs", "world_policy", "execution_horizon", "openpi_layout",
+)  # fmt: skip
 DEFAULT_TABLE = "rollserve-committed-state"
 # Each setting's check is its CLI flag's (a config file's args must not pass what the flag refuses)
 SETTING_CHECKS: dict[str, Callable[[str], Any]] = {
@@ -70,12 +72,13 @@ SETTING_NAMES = {f.name for f in fields(ServerSettings)} - {"limits"} | {"max_fr
 NOT_FOR_REPLICAS = ("limits", *PROXY_OWNED_SETTINGS, *HTTP_OPTIONS_SETTINGS)
 
 
-def check_world(spec: str) -> None:
-    """Refuse a ``world`` that ``rollserve serve --world`` refuses, in its words (``WorldLoadError``),
-    without building it: that is each replica's job, on its own devices."""
+def check_world(spec: str, world_kwargs: dict[str, Any]) -> None:
+    """Refuse a ``world`` (with its ``world_kwargs``) that ``rollserve serve --world`` (with its
+    ``--world-arg``) refuses, in its words (``WorldLoadError``), without building it: that is each
+    replica's job, on its own devices."""
     from rollserve.models.worlds import world_builder
 
-    world_builder(spec)
+    world_builder(spec, **world_kwargs)
 
 
 def check_policies(policy: str | None, policy_kwargs: dict[str, Any], world_policy: str | None) -> None:
@@ -124,6 +127,7 @@ class ReplicaConfig:
     policy: str | None = None
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
     world: str | None = None
+    world_kwargs: dict[str, Any] = field(default_factory=dict)
     world_policy: str | None = None
     execution_horizon: int | None = None
     openpi_layout: str = "auto"
@@ -136,8 +140,12 @@ class ReplicaConfig:
             raise ValueError("the app serves nothing: give policy or world (or both)")
         # in one process's order: the policy, the policy a world acts with (only with a world), the world
         check_policies(self.policy, self.policy_kwargs, self.world_policy if self.world else None)
+        if not isinstance(self.world_kwargs, dict):
+            raise ValueError("world_kwargs must be a map of the world's arguments (as --world-arg KEY=VALUE)")
+        if self.world_kwargs and not self.world:
+            raise ValueError("world_kwargs needs world (as --world-arg needs --world)")
         if self.world:
-            check_world(str(self.world))
+            check_world(str(self.world), self.world_kwargs)
         checked("openpi_layout", flag_check("--openpi-layout"), self.openpi_layout)
         if self.execution_horizon is not None:  # as --rtc-horizon: every replica would refuse 0
             checked("execution_horizon", positive_int, self.execution_horizon)
@@ -215,7 +223,7 @@ class RollserveReplica:
         self.policy, self.rollout = load_services(
             cfg.policy, cfg.world, settings, policy_kwargs=cfg.policy_kwargs,
             execution_horizon=cfg.execution_horizon, openpi_layout=cfg.openpi_layout,
-            world_policy=cfg.world_policy, store=store,
+            world_policy=cfg.world_policy, store=store, world_kwargs=cfg.world_kwargs,
         )  # fmt: skip
         replica_id = serve.get_replica_context().replica_id.unique_id
         self.view = _Deployment(replica_id, actor, self.rollout is not None, (capacity, ttl))
@@ -233,8 +241,8 @@ class RollserveReplica:
 def build_app(args: dict[str, Any]) -> Any:
     """The Serve application builder (``import_path: rollserve.scale.deployment:build_app``).
 
-    ``args``: ``policy``, ``policy_kwargs``, ``world``, ``world_policy``, ``execution_horizon``,
-    ``openpi_layout``, ``table_name``; ``replicas`` (default 1), ``replica_cpus`` (1),
+    ``args``: ``policy``, ``policy_kwargs``, ``world``, ``world_kwargs``, ``world_policy``,
+    ``execution_horizon``, ``openpi_layout``, ``table_name``; ``replicas`` (default 1), ``replica_cpus`` (1),
     ``replica_gpus`` (0); any other key is a :class:`ServerSettings` field (or ``max_frame_bytes``).
     """
     args = dict(args)

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from rollserve.server.launch import add_arguments, policy_kwargs_of
+from rollserve.server.launch import add_arguments, parse_policy_args, policy_kwargs_of
 from rollserve.server.settings import ServerSettings
 
 
@@ -34,6 +34,7 @@ def app_args(args: argparse.Namespace, settings: ServerSettings) -> dict[str, An
         "policy": args.policy,
         "policy_kwargs": policy_kwargs_of(args),
         "world": args.world,
+        "world_kwargs": parse_policy_args(getattr(args, "world_arg", []), "--world-arg"),
         "world_policy": getattr(args, "world_policy", None),
         "execution_horizon": args.rtc_horizon,
         "openpi_layout": args.openpi_layout,

@@ -241,8 +241,6 @@ def check_flag_combinations(args: argparse.Namespace) -> None:
     for flag, given in (("--world-policy", args.world_policy), ("--world-arg", args.world_arg)):
         if given and not args.world:
             raise UsageError(f"argument {flag}: needs --world")
-    if args.world_arg and args.ray:  # replicas build their world from the spec alone
-        raise UsageError("argument --world-arg: not with --ray; use a module.path:factory world")
     if args.action_names and args.policy in NAMED_ACTION_POLICIES:
         raise UsageError(
             f"argument --action-names: {args.policy} names its actions from its checkpoint; "
