@@ -124,8 +124,9 @@ class RollserveApp(FastAPI):
     """FastAPI, except that a request for one of the rollout routes skips FastAPI's middleware stack.
 
     Those routes are plain Starlette handlers that read, check and answer everything themselves, so
-    the stack only added work to each request: FastAPI's OpenTelemetry probe, four middlewares and
-    a match against every route of the app, ~75 µs of a refused step's ~250 µs in process. Such a
+    the stack only added work to each request: FastAPI's OpenTelemetry probe, five middlewares and
+    a match against every route of the app, 70-105 µs of a refused step's 250-285 µs in process
+    (docs/performance.md, "REST requests without FastAPI's middleware stack"). Such a
     request is answered by its route behind the same API-key check; anything else (a path or
     method under the prefix that no route takes included) goes through FastAPI as before. An app
     given middleware of its own (``add_middleware`` after ``create_app``) serves every request
