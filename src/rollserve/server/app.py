@@ -1,7 +1,8 @@
 """The ASGI app: one FastAPI app for every transport (policy websockets, rollout REST, health, metrics).
 
-Routes live in their own modules; this file only composes them, so a deployment can serve a policy,
-a world, or both from one process.
+Routes live in their own modules; this file composes them, so a deployment can serve a policy,
+a world, or both from one process, and hands the rollout routes' requests straight to them
+(``RollserveApp``): they need nothing of FastAPI's middleware stack.
 """
 
 from __future__ import annotations
