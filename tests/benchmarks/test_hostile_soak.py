@@ -90,6 +90,16 @@ def test_short_soak_has_no_crash_no_leak_and_bounded_memory(tmp_path: Path) -> N
         expected = {name for name, _, _ in classes[surface["surface"]]}
         assert set(surface["classes"]) == expected, surface["surface"]
         assert surface["sent"] >= 590
+    # the REST attacker's raw HTTP/1.1 (prebuilt h11 events over a plain socket) read every answer:
+    # refusals only, the oversized bodies among them as 413, on connections kept alive
+    rest = next(surface for surface in result["surfaces"] if surface["surface"] == "rest")
+    assert sum(rest["statuses"].values()) == rest["sent"] and rest["internal"] == 0, rest
+    assert set(rest["statuses"]) <= {"400", "404", "413", "415", "422"} and "413" in rest["statuses"], rest
+    assert rest["reconnects"] < rest["sent"] // 10, rest
+    for surface in result["surfaces"]:  # websockets' sans-I/O protocol on a plain socket: the server's
+        if surface["surface"] != "rest":  # 1009 on an oversized message is read as such
+            assert surface["closed_1009"] >= 1 and surface["internal"] == 0, surface
+            assert surface["reconnects"] < surface["sent"] // 10, surface
 
 
 def test_control_soak_takes_turns_with_an_identical_attack_on_a_decoy(tmp_path: Path) -> None:
