@@ -77,6 +77,11 @@ import h11
 import httpx
 import msgpack
 import numpy as np
+from websockets.client import ClientProtocol
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.frames import Opcode
+from websockets.protocol import State
+from websockets.uri import parse_uri
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_description, percentile
@@ -348,9 +353,6 @@ class RawWebsocket:
     the same; ``send``, ``recv`` and ``close`` are the sync client's, as the attack uses them."""
 
     def __init__(self, url: str, timeout_s: float = 30.0) -> None:
-        from websockets.client import ClientProtocol
-        from websockets.uri import parse_uri
-
         uri = parse_uri(url)
         self.protocol = ClientProtocol(uri, max_size=None)
         self.events: collections.deque[Any] = collections.deque()
@@ -376,9 +378,6 @@ class RawWebsocket:
 
     def recv(self, timeout: float) -> bytes | str:
         """The next whole message; ``ConnectionClosed`` (with the server's close code) once closed."""
-        from websockets.frames import Opcode
-        from websockets.protocol import State
-
         self.sock.settimeout(timeout)
         parts: list[bytes] = []
         text = False
@@ -424,8 +423,6 @@ def _ws_connection(
     url: str, inputs: list[tuple[str, Any, int]], count: int, share: int, of: int, opening: Any, stats: Any
 ) -> None:
     """One closed-loop attacker connection: send, wait for the answer, send the next."""
-    from websockets.exceptions import ConnectionClosed, InvalidHandshake
-
     stats.update(sent=0, leaks=0, internal=0, closed_1009=0, reconnects=0)
     ws = None
     for name, frame in _my_share(inputs, count, share, of):
