@@ -18,9 +18,11 @@ from rollserve.models.video_world import (
     FORMAT,
     VideoState,
     VideoWorld,
+    _coords,
     decoded_to_images,
     default_checkpoint_dir,
     frames_to_uint8,
+    load_video_world_net,
     uint8_to_frames,
 )
 from rollserve.models.world import RenderSpec, WorldInit, WorldStep
@@ -205,3 +207,43 @@ def test_frames_of_a_batch_equal_the_decoders_frames_of_the_rendering_rows(
     for k, row in enumerate(rows):
         np.testing.assert_array_equal(outs[row].images[world.config.camera], drawn[k])
     assert all(outs[i].images is None for i, r in enumerate(render) if not r)
+
+
+def test_served_linear_weights_are_stored_transposed_with_the_same_values(world: VideoWorld) -> None:
+    """The served net keeps its Linear weights as transposes of row-major arrays (a faster sgemm
+    path); its outputs equal the same net's with the weights laid out as trained, to float rounding
+    (bit for bit at 16 rows and more on this machine; MKL sums small batches in another order)."""
+    linears = [m for m in world.net.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.t().is_contiguous() and not m.weight.is_contiguous() for m in linears)
+    plain = load_video_world_net(default_checkpoint_dir()).to(memory_format=torch.channels_last)
+    assert all(m.weight.is_contiguous() for m in plain.modules() if isinstance(m, torch.nn.Linear))
+    for name, param in plain.named_parameters():
+        assert torch.equal(param, world.net.get_parameter(name))
+    states = [start(world, seed, render=False) for seed in range(6)]
+    gen = torch.Generator().manual_seed(0)
+    for rows in (1, 6, 32):
+        picked = [states[i % len(states)] for i in range(rows)]
+        latent = torch.as_tensor(np.stack([s.latent for s in picked]))
+        vector = torch.as_tensor(np.stack([s.vector for s in picked]))
+        action = vector[:, :8] + 0.1 * torch.randn(rows, 8, generator=gen)
+        with torch.inference_mode():
+            served, trained = world.net.step(latent, vector, action), plain.step(latent, vector, action)
+            frames = world.net.decode(*served), plain.decode(*trained)
+        for got, expected in zip((*served, frames[0]), (*trained, frames[1]), strict=True):
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+def test_the_cached_position_grid_serves_training_after_inference() -> None:
+    """The CoordConv grid is made once; one made during a served step still works under autograd
+    (an inference-mode tensor would refuse to be saved for backward)."""
+    net = load_video_world_net(default_checkpoint_dir())
+    latent, state, action = torch.zeros(2, *net.config.latent_shape), torch.zeros(2, 13), torch.zeros(2, 8)
+    with torch.inference_mode():
+        net.step(latent, state, action)
+    latent.requires_grad_(True)
+    next_latent, next_state = net.step(latent, state, action)
+    (next_latent.sum() + net.decode(next_latent, next_state).sum()).backward()
+    assert latent.grad is not None and torch.isfinite(latent.grad).all()
+    axis = torch.linspace(-1.0, 1.0, net.config.latent_side)
+    expected = torch.stack(torch.meshgrid(axis, axis, indexing="ij"))
+    assert torch.equal(_coords(3, net.config.latent_side, latent)[2], expected)

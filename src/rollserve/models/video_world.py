@@ -16,6 +16,7 @@ Checkpoint: ``model.safetensors`` + ``config.json`` (no pickle).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -99,9 +100,16 @@ class VideoWorldConfig:
 
 def _coords(batch: int, side: int, like: torch.Tensor) -> torch.Tensor:
     """Two channels of x/y position in [-1, 1], so convolutions know where they are (CoordConv)."""
-    axis = torch.linspace(-1.0, 1.0, side, dtype=like.dtype, device=like.device)
-    grid = torch.stack(torch.meshgrid(axis, axis, indexing="ij"))
-    return grid.unsqueeze(0).expand(batch, -1, -1, -1)
+    return _grid(side, like.dtype, like.device).expand(batch, -1, -1, -1)
+
+
+@functools.lru_cache(maxsize=16)
+def _grid(side: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The ``(1, 2, side, side)`` position grid, made once: building it took five small ops (~30 µs)
+    on every step. Made outside inference mode and without grad, so training can use it too."""
+    with torch.inference_mode(False), torch.no_grad():
+        axis = torch.linspace(-1.0, 1.0, side, dtype=dtype, device=device)
+        return torch.stack(torch.meshgrid(axis, axis, indexing="ij")).unsqueeze(0)
 
 
 class VideoWorldNet(nn.Module):
@@ -198,6 +206,19 @@ class VideoState:
         return cls(z, s, render)
 
 
+def transpose_linear_weights(net: nn.Module) -> None:
+    """Store every ``nn.Linear`` weight ``(out, in)`` as the transpose of a row-major ``(in, out)``
+    array, in place. ``F.linear`` multiplies by ``weight.t()``, which is then row-major: MKL's
+    sgemm takes its plain path, 1.5-3x faster for these small layers on a 32-row batch (the
+    1024 -> 64 latent summary: ~160 -> ~50 µs). Same values; the outputs are the same to float
+    rounding (bit for bit from 16 rows on this machine, ~1e-6 apart below: MKL sums small batches
+    in another order), as with the channels-last convolutions."""
+    with torch.no_grad():
+        for module in net.modules():
+            if isinstance(module, nn.Linear):
+                module.weight.data = module.weight.data.t().contiguous().t()
+
+
 def _frozen_copy(array: np.ndarray) -> np.ndarray:
     """A read-only copy of one row of a batch (a view would keep the whole batch alive)."""
     copy = array.copy()
@@ -235,6 +256,7 @@ class VideoWorld:
         # channels-last weights: oneDNN's convolutions run ~25% faster on them on CPU (same values to
         # ~1e-6; outputs are made C-contiguous again before they leave the world)
         self.net = net.eval().to(memory_format=torch.channels_last)
+        transpose_linear_weights(self.net)
         cfg = net.config
         check_task_config(cfg)
         self.config = cfg
