@@ -16,7 +16,7 @@ def test_a_max_below_the_base_caps_every_delay_the_first_too() -> None:
 def test_a_max_of_zero_turns_the_delay_and_the_lane_off() -> None:
     penalty, streak = RefusalPenalty(base_ms=40.0, max_ms=0.0, lanes=1), RefusalStreak()
     assert [penalty.refused(streak) for _ in range(3)] == [0.0, 0.0, 0.0]
-    streak.count = 3  # a streak, as if the delay were on: still no lane
+    streak.count, streak.refused_last = 3, True  # a streak, as if the delay were on: still no lane
     assert penalty.lane(streak) is RefusalPenalty(1.0, 100.0).lane(None)
 
 

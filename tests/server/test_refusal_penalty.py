@@ -3,7 +3,7 @@
 Checked against real servers (uvicorn on 127.0.0.1, real websockets and HTTP): after a refusal,
 that connection's next frame is read (websockets), or its next refusal answered (REST), only after
 the delay, while another connection of the same address is answered at once; an accepted request
-resets the count; ``refusal_delay_ms=0`` turns it off. Times are lower bounds or orderings only.
+halves the count; ``refusal_delay_ms=0`` turns it off. Times are lower bounds or orderings only.
 """
 
 from __future__ import annotations
@@ -46,17 +46,45 @@ STATE = np.linspace(-1, 1, 6, dtype=np.float32)
 GARBAGE = b"\xc1\xc1 not msgpack"
 
 
-def test_the_delay_doubles_per_refusal_in_a_row_up_to_the_cap_and_resets_on_success() -> None:
+def test_the_delay_doubles_per_refusal_up_to_the_cap_and_an_accepted_input_halves_the_count() -> None:
     penalty, streak = RefusalPenalty(base_ms=10.0, max_ms=50.0), RefusalStreak()
     assert [penalty.refused(streak) for _ in range(5)] == [0.01, 0.02, 0.04, 0.05, 0.05]
-    penalty.served(streak)
-    assert penalty.refused(streak) == 0.01
+    penalty.served(streak)  # 5 -> 2: the next refusal is the third, not the first
+    assert streak.count == 2 and penalty.refused(streak) == 0.04
+    slip = RefusalStreak()
+    penalty.refused(slip)
+    penalty.served(slip)  # one slip is forgiven by one good input
+    assert slip.count == 0 and penalty.refused(slip) == 0.01
     off = RefusalPenalty(base_ms=0.0, max_ms=50.0)
     assert [off.refused(streak) for _ in range(3)] == [0.0, 0.0, 0.0]
     assert RefusalPenalty(base_ms=1.0, max_ms=100.0).refused(RefusalStreak()) == 0.001
     long = RefusalStreak()
     long.count = 10_000  # no overflow after a very long streak
     assert RefusalPenalty(1.0, 100.0).refused(long) == 0.1
+
+
+def test_valid_inputs_slipped_in_among_refused_ones_do_not_lift_the_delay() -> None:
+    """The soak's session attacker: one valid frame after every 15 refused ones. With a reset its
+    delays restarted at the base each time; halved, they stay at the cap after the first round."""
+    penalty, streak = RefusalPenalty(base_ms=1.0, max_ms=100.0), RefusalStreak()
+    rounds = []
+    for _ in range(4):
+        rounds.append([penalty.refused(streak) for _ in range(15)])
+        penalty.served(streak)
+    assert rounds[0][:8] == [0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.1]
+    assert all(delay == 0.1 for delays in rounds[1:] for delay in delays)
+    # the cost to such a client per round: 15 refusals at 0.1 s, against 0.827 s with a reset
+    assert sum(rounds[-1]) == pytest.approx(1.5)
+
+
+def test_the_lane_follows_the_last_input_not_the_count() -> None:
+    penalty, streak = RefusalPenalty(1.0, 100.0, lanes=1), RefusalStreak()
+    straight = penalty.lane(None)
+    for _ in range(5):
+        penalty.refused(streak)
+    assert penalty.lane(streak) is not straight  # after a refusal: the shared lane
+    penalty.served(streak)
+    assert streak.count == 2 and penalty.lane(streak) is straight  # after an accepted one: straight
 
 
 def test_only_the_clients_own_mistakes_count() -> None:
@@ -130,6 +158,25 @@ def test_an_accepted_request_resets_the_count() -> None:
         ws.send(_observation(2))
         assert isinstance(decode_message(ws.recv(timeout=30)), ActionChunkMsg)
         assert time.monotonic() - started >= DELAY_S * 0.9
+
+
+def test_an_accepted_request_halves_the_count_of_a_real_connection() -> None:
+    """Three refusals (count 3), an accepted observation (count 1), garbage again (count 2): the
+    next frame is read after two base delays, where a reset count would have waited one."""
+    base_s = 0.25
+    settings = {"refusal_delay_ms": base_s * 1000, "refusal_delay_max_ms": 16 * base_s * 1000}
+    with _policy_server(**settings) as server, _session(server) as ws:
+        for _ in range(3):
+            ws.send(GARBAGE)
+            assert isinstance(decode_message(ws.recv(timeout=30)), ErrorMsg)
+        ws.send(_observation(1))
+        assert isinstance(decode_message(ws.recv(timeout=30)), ActionChunkMsg)
+        ws.send(GARBAGE)
+        assert isinstance(decode_message(ws.recv(timeout=30)), ErrorMsg)
+        started = time.monotonic()
+        ws.send(_observation(2))
+        assert isinstance(decode_message(ws.recv(timeout=30)), ActionChunkMsg)
+        assert time.monotonic() - started >= 2 * base_s * 0.9
 
 
 def test_openpi_connections_are_slowed_down_the_same_way() -> None:
@@ -266,7 +313,7 @@ def test_the_lane_is_for_streaks_only_and_can_be_turned_off() -> None:
     streak = RefusalStreak()
     on, off = RefusalPenalty(1.0, 100.0, lanes=1), RefusalPenalty(1.0, 100.0, lanes=0)
     assert on.lane(streak) is on.lane(None) is off.lane(streak)  # straight through: no streak
-    streak.count = 3
+    streak.count, streak.refused_last = 3, True
     assert off.lane(streak) is on.lane(None)  # lanes=0: no lane at all
     assert RefusalPenalty(0.0, 100.0, lanes=1).lane(streak) is on.lane(None)  # the delay is off
 

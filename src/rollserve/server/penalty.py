@@ -4,11 +4,14 @@ Every refusal is cheap, but a client that sends nothing but bad input, as fast a
 answers, still takes a share of the CPU from everyone else: a closed-loop client's rate is set by
 how fast the server answers it. So each connection keeps a count of refusals in a row; after the
 k-th the server waits ``min(max_s, base_s * 2**(k-1))`` before it reads that connection's next
-message (websockets) or sends the refusal (HTTP, where the next request cannot come sooner). One
-accepted request resets the count, so a client that never sends bad input never waits, and one
-that sends a single bad frame waits ``base_s`` once (``max_s`` caps every delay, the first too).
-Only what the client got wrong counts (malformed, too large, invalid); the server's own failures
-and "try later" answers do not.
+message (websockets) or sends the refusal (HTTP, where the next request cannot come sooner). An
+accepted request halves the count (rounding down), so a client that never sends bad input never
+waits, and one that sends a single bad frame waits ``base_s`` once and is forgiven by its next good
+request (``max_s`` caps every delay, the first too). Halving, not resetting: a client that slips a
+valid request in among every dozen refused ones keeps its delay (the hostile soak's session attacker
+did, one valid frame in 16, and got twice the refusals a second of the others while the count was
+reset). Only what the client got wrong counts (malformed, too large, invalid); the server's own
+failures and "try later" answers do not.
 
 Per connection, not per address: clients behind one address (NAT, one lab machine) must not slow
 each other down. A client that reconnects after every refusal starts at zero again, but pays a
@@ -35,13 +38,14 @@ LANE_WAIT_S = 1.0  # the longest a connection waits for the lane
 
 
 class RefusalStreak:
-    """One connection's count of refused inputs in a row, and (websockets) the loop time before
-    which its next message is not read."""
+    """One connection's count of refused inputs (halved by each accepted one), whether its last
+    input was refused, and (websockets) the loop time before which its next message is not read."""
 
-    __slots__ = ("count", "until")
+    __slots__ = ("count", "refused_last", "until")
 
     def __init__(self) -> None:
         self.count = 0
+        self.refused_last = False
         self.until = 0.0
 
 
@@ -57,9 +61,9 @@ class RefusalPenalty:
         self._lane: asyncio.Semaphore | None = None  # made on first use, on the serving loop
 
     def lane(self, streak: RefusalStreak | None) -> contextlib.AbstractAsyncContextManager[Any]:
-        """Where a connection handles its next input: the shared lane while it has a refusal
-        streak (and the delay is on), else straight away."""
-        if streak is None or streak.count == 0 or not self.on or self.lanes <= 0:
+        """Where a connection handles its next input: the shared lane when its last input was
+        refused (and the delay is on), else straight away."""
+        if streak is None or not streak.refused_last or not self.on or self.lanes <= 0:
             return _STRAIGHT
         if self._lane is None:
             self._lane = asyncio.Semaphore(self.lanes)
@@ -70,11 +74,14 @@ class RefusalPenalty:
         if not self.on:
             return 0.0
         streak.count += 1
+        streak.refused_last = True
         return min(self.max_s, self.base_s * 2.0 ** min(streak.count - 1, 62))
 
     @staticmethod
     def served(streak: RefusalStreak) -> None:
-        streak.count = 0
+        """An accepted input: the count halves, and the next input is handled straight away."""
+        streak.count //= 2
+        streak.refused_last = False
 
     async def hold(self, streak: RefusalStreak) -> None:
         """Count a refusal and wait out its delay now (HTTP: before the refusal is sent)."""

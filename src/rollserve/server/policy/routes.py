@@ -12,7 +12,7 @@ of server CPU for the hand-off, paid only by such frames). Each client address m
 ``max_connections_per_client`` connections, and a connection that sends nothing for
 ``policy_idle_timeout_s`` is closed. A connection whose frames keep being refused has its next
 frame read later each time, and handled in a lane it shares with every such connection
-(``server/penalty.py``); a good request resets that.
+(``server/penalty.py``); a good request halves that count.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class _Refusals:
         self.penalty, self.streak = penalty, RefusalStreak()
 
     def judge(self, code: str | None, retryable: bool = False) -> None:
-        """Record a reply: an accepted request (``code`` None) resets the streak."""
+        """Record a reply: an accepted request (``code`` None) halves the count (``penalty.py``)."""
         if code is None:
             self.penalty.served(self.streak)
         elif code not in _NOT_PENALISED and not retryable:
