@@ -2,8 +2,8 @@
 
 Every refusal is cheap, but a client that sends nothing but bad input, as fast as the server
 answers, still takes a share of the CPU from everyone else: a closed-loop client's rate is set by
-how fast the server answers it. So each connection keeps a count of refusals in a row; after the
-k-th the server waits ``min(max_s, base_s * 2**(k-1))`` before it reads that connection's next
+how fast the server answers it. So each connection keeps a count of its refusals; when a refusal
+brings it to k the server waits ``min(max_s, base_s * 2**(k-1))`` before it reads that connection's next
 message (websockets) or sends the refusal (HTTP, where the next request cannot come sooner). An
 accepted request halves the count (rounding down), so a client that never sends bad input never
 waits, and one that sends a single bad frame waits ``base_s`` once and is forgiven by its next good
