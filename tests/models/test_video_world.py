@@ -237,7 +237,9 @@ def test_the_cached_position_grid_serves_training_after_inference() -> None:
     """The CoordConv grid is made once; one made during a served step still works under autograd
     (an inference-mode tensor would refuse to be saved for backward)."""
     net = load_video_world_net(default_checkpoint_dir())
-    latent, state, action = torch.zeros(2, *net.config.latent_shape), torch.zeros(2, 13), torch.zeros(2, 8)
+    cfg = net.config
+    latent = torch.zeros(2, *cfg.latent_shape)
+    state, action = torch.zeros(2, cfg.state_dim), torch.zeros(2, cfg.action_dim)
     with torch.inference_mode():
         net.step(latent, state, action)
     latent.requires_grad_(True)
