@@ -83,6 +83,14 @@ MODULES: dict[str, CoreModule] = {
         fork_server=True,
     ),
     "auth": CoreModule(("src/rollserve/server/auth.py",), ("tests/server/test_auth.py",)),
+    "penalty": CoreModule(
+        ("src/rollserve/server/penalty.py",),
+        (
+            "tests/server/test_refusal_penalty.py",
+            "tests/server/test_penalty_review.py",
+            "tests/server/test_http_pipelined_refusals.py",
+        ),
+    ),
     "guidance": CoreModule(
         ("src/rollserve/models/flow_sampling.py",),
         ("tests/models/test_flow_guidance.py", "tests/models/test_guidance_settings.py"),

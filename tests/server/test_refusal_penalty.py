@@ -331,3 +331,46 @@ def test_the_lane_is_for_streaks_only_and_can_be_turned_off() -> None:
         return order
 
     assert asyncio.run(two_at_once()) == ["a in", "a out", "b in", "b out"]
+
+
+def test_a_short_rest_delay_is_waited_out_too() -> None:
+    """``hold`` (REST: before the refusal goes out) waits however short the delay is; the REST test
+    above only sees delays of 1.5 s and more."""
+    penalty, streak = RefusalPenalty(base_ms=50.0, max_ms=100.0), RefusalStreak()
+
+    async def held_for() -> float:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await penalty.hold(streak)
+        return loop.time() - started
+
+    assert asyncio.run(held_for()) >= 0.05 * 0.9  # the first refusal's delay: base_ms
+    assert streak.count == 1 and streak.refused_last
+
+
+def test_the_lane_is_given_back_on_the_way_out_and_only_by_whoever_took_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An input that took the lane frees it when done; one that gave up waiting for it (and went
+    ahead outside) frees nothing, so the lane still lets one input through at a time after that."""
+    one_lane, streak = RefusalPenalty(1.0, 100.0), RefusalStreak()  # one lane is the default
+    streak.count, streak.refused_last = 1, True
+    order: list[str] = []
+
+    async def use(name: str, busy_s: float) -> None:
+        async with one_lane.lane(streak):
+            order.append(f"{name} in")
+            await asyncio.sleep(busy_s)
+            order.append(f"{name} out")
+
+    async def scenario() -> None:
+        monkeypatch.setattr(penalty, "LANE_WAIT_S", 0.05)
+        await asyncio.gather(use("slow", 1.0), use("impatient", 0.0))  # gives up after 0.05 s
+        monkeypatch.setattr(penalty, "LANE_WAIT_S", 30.0)
+        async with asyncio.timeout(10.0):  # a lane never given back would keep these waiting 30 s
+            await use("next", 0.0)
+            await asyncio.gather(use("a", 0.05), use("b", 0.05))
+
+    asyncio.run(scenario())
+    assert order[:4] == ["slow in", "impatient in", "impatient out", "slow out"]
+    assert order[4:] == ["next in", "next out", "a in", "a out", "b in", "b out"]
