@@ -91,6 +91,21 @@ MODULES: dict[str, CoreModule] = {
             "tests/server/test_http_pipelined_refusals.py",
         ),
     ),
+    "world": CoreModule(
+        ("src/rollserve/models/world.py",),
+        (
+            "tests/models/test_world_protocol.py",
+            "tests/models/test_video_world_bounds.py",
+            "tests/server/test_rollout_service.py",
+            "tests/server/test_rollout_service_rules.py",
+            "tests/server/test_rollout_start_state_exact.py",
+            "tests/server/test_rollout_start_state_refusals.py",
+            "tests/server/test_video_world_published_bounds.py",
+            "tests/client/test_rollout_client.py",
+            "tests/client/test_rollout_env.py",
+        ),
+        fork_server=True,  # the start-state and bounds tests load the video world (torch)
+    ),
     "guidance": CoreModule(
         ("src/rollserve/models/flow_sampling.py",),
         ("tests/models/test_flow_guidance.py", "tests/models/test_guidance_settings.py"),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 
@@ -120,3 +123,77 @@ def test_describe_is_an_openai_style_model_entry() -> None:
     entry = ToyWorld.spec.describe()
     assert {"id", "object", "kind", "observation", "action"} <= entry.keys()
     assert entry["action"]["fields"] == {"joint_positions": 7, "gripper_position": 1}
+
+
+class _Recording(ToyWorld):
+    """The toy world, keeping the inputs of every step it was asked to make."""
+
+    def __init__(self) -> None:
+        self.inputs: list[object] = []
+
+    def step_batch(self, steps: Sequence[WorldStep]) -> list[WorldOutput | BaseException]:
+        self.inputs += [step.inputs for step in steps]
+        return super().step_batch(steps)
+
+
+class _Short(ToyWorld):
+    """A broken world: one answer, however many steps it was given."""
+
+    def step_batch(self, steps: Sequence[WorldStep]) -> list[WorldOutput | BaseException]:
+        return super().step_batch(steps)[:1]
+
+
+def test_a_step_from_a_fresh_context_keeps_its_inputs() -> None:
+    """The first step of a fresh context is made from the new start, with the request's own inputs
+    (a world-action world's policy reads its prompt and images there)."""
+    world = _Recording()
+    calls = [WorldCall(init=WorldInit(seed=3), step=WorldStep(None, ACTION, {"prompt": "stack the cube"}))]
+    (out,) = run_world_calls(world, calls)
+    assert isinstance(out, WorldOutput)
+    assert world.inputs == [{"prompt": "stack the cube"}]
+
+
+def test_a_world_answering_the_wrong_number_of_items_fails_the_batch_with_a_clear_error() -> None:
+    step = WorldStep(start(ToyWorld(), 1).state, ACTION)
+    with pytest.raises(RuntimeError) as raised:
+        run_world_calls(_Short(), [WorldCall(step=step), WorldCall(step=step)])
+    assert str(raised.value) == "world returned 1 results for 2 items"
+
+
+def test_a_call_with_nothing_to_do_is_answered_with_an_error() -> None:
+    (out,) = run_world_calls(ToyWorld(), [WorldCall()])
+    assert isinstance(out, RuntimeError) and str(out) == "world call did nothing"
+
+
+def test_describe_publishes_the_frame_size_of_a_world_with_cameras() -> None:
+    fixed = dataclasses.replace(ToyWorld.spec, cameras=("front",), frame_size=(48, 64)).describe()
+    assert fixed["cameras"] == ["front"] and fixed["frame_size"] == [48, 64]
+    assert dataclasses.replace(ToyWorld.spec, cameras=("front",)).describe()["frame_size"] is None
+    assert "frame_size" not in ToyWorld.spec.describe()  # no cameras, no frames
+
+
+def test_bounds_of_a_shaped_observation_are_published_as_floats_in_its_shape() -> None:
+    """Bounds written as integers still go out as the float values of a float32 box."""
+    spec = dataclasses.replace(
+        ToyWorld.spec, observation_shape=(3, 5), observation_low=(-2,) * 15, observation_high=(2,) * 15
+    )
+    observation = spec.describe()["observation"]
+    assert observation["low"] == [[-2.0] * 5] * 3 and observation["high"] == [[2.0] * 5] * 3
+    assert {type(v) for row in observation["low"] + observation["high"] for v in row} == {float}
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "message"),
+    [
+        ((-1.0,) * 8, None, "action_low and action_high go together"),
+        (None, (1.0,) * 8, "action_low and action_high go together"),
+        ((-1.0,), (1.0,), "action bounds need 8 values each"),
+    ],
+)
+def test_action_bounds_come_in_pairs_that_fit_the_action(
+    low: tuple[float, ...] | None, high: tuple[float, ...] | None, message: str
+) -> None:
+    """As the observation's and the state's: one bound alone would publish no box at all, and a
+    short one would be broadcast over every action value."""
+    with pytest.raises(ValueError, match=f"toy: {message}"):
+        dataclasses.replace(ToyWorld.spec, action_low=low, action_high=high)

@@ -53,6 +53,7 @@ class WorldSpec:
     def __post_init__(self) -> None:
         """A bound that does not fit its layout would publish a space no observation can be in."""
         for what, low, high, size in (
+            ("action", self.action_low, self.action_high, self.action_dim),
             ("observation", self.observation_low, self.observation_high, self.observation_dim),
             ("state", self.state_low, self.state_high, len(self.state_layout)),
         ):
