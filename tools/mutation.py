@@ -106,6 +106,19 @@ MODULES: dict[str, CoreModule] = {
         ),
         fork_server=True,  # the start-state and bounds tests load the video world (torch)
     ),
+    "video_world": CoreModule(
+        ("src/rollserve/models/video_world.py",),
+        (
+            "tests/models/test_video_world.py",
+            "tests/models/test_video_world_bounds.py",
+            "tests/models/test_world_checkpoint_checks.py",
+            "tests/models/test_world_action_state.py",
+            "tests/server/test_rollout_video_world.py",
+            "tests/server/test_video_world_published_bounds.py",
+            "tests/training/test_world_training_review.py",
+        ),
+        fork_server=True,
+    ),
     "guidance": CoreModule(
         ("src/rollserve/models/flow_sampling.py",),
         ("tests/models/test_flow_guidance.py", "tests/models/test_guidance_settings.py"),
