@@ -110,6 +110,7 @@ MODULES: dict[str, CoreModule] = {
         ("src/rollserve/models/video_world.py",),
         (
             "tests/models/test_video_world.py",
+            "tests/models/test_video_world_tracks_the_simulator.py",
             "tests/models/test_video_world_bounds.py",
             "tests/models/test_world_checkpoint_checks.py",
             "tests/models/test_world_action_state.py",

@@ -249,3 +249,17 @@ def test_the_cached_position_grid_serves_training_after_inference() -> None:
     axis = torch.linspace(-1.0, 1.0, net.config.latent_side)
     expected = torch.stack(torch.meshgrid(axis, axis, indexing="ij"))
     assert torch.equal(_coords(3, net.config.latent_side, latent)[2], expected)
+
+
+def test_a_state_is_its_own_read_only_float32_c_ordered_copy() -> None:
+    """A session's state must not change when the arrays it was made from do, and must be what
+    the batch stacks without conversion: float32, C order, read-only."""
+    latent = np.asfortranarray(np.arange(16 * 8 * 8, dtype=np.float64).reshape(16, 8, 8) / 7.0)
+    vector = np.linspace(-1.0, 1.0, 13)  # float64
+    state = VideoState.of(latent, vector)
+    for made, source in ((state.latent, latent), (state.vector, vector)):
+        assert made.dtype == np.float32 and made.flags.c_contiguous and not made.flags.writeable
+        assert not np.shares_memory(made, source)
+        np.testing.assert_array_equal(made, source.astype(np.float32))
+    latent[0, 0, 0] = vector[0] = 99.0
+    assert state.latent[0, 0, 0] == 0.0 and state.vector[0] == -1.0
