@@ -117,6 +117,7 @@ MODULES: dict[str, CoreModule] = {
             "tests/server/test_rollout_video_world.py",
             "tests/server/test_video_world_published_bounds.py",
             "tests/training/test_world_training_review.py",
+            "tests/models/test_video_world_review.py",
         ),
         fork_server=True,
     ),
