@@ -37,10 +37,11 @@ SHIPPED = json.loads((default_checkpoint_dir() / "config.json").read_text())
 
 
 def fresh(**changes: object) -> VideoWorld:
-    """A new world on the shipped weights, its config changed by ``changes`` (none: as served)."""
-    net = load_video_world_net(default_checkpoint_dir())
+    """A new world on the shipped weights, its config changed by ``changes`` (none: loaded the way
+    ``rollserve serve --world video`` loads it)."""
     if not changes:
-        return VideoWorld(net)
+        return load_default()
+    net = load_video_world_net(default_checkpoint_dir())
     changed = VideoWorldNet(dataclasses.replace(net.config, **changes))
     changed.load_state_dict(net.state_dict())
     return VideoWorld(changed.eval())
@@ -107,7 +108,7 @@ def test_actions_outside_the_box_step_like_the_nearest_action_inside(starts: lis
     below_above = np.where(np.arange(8) % 2 == 0, low - 1.0, high + 1.0).astype(np.float32)
     above_below = np.where(np.arange(8) % 2 == 0, high + 1.0, low - 1.0).astype(np.float32)
     outs = world.step_batch([WorldStep(starts[0], below_above), WorldStep(starts[1], above_below)])
-    for out, state, action in zip(outs, starts, (below_above, above_below), strict=False):
+    for out, state, action in zip(outs, starts[:2], (below_above, above_below), strict=True):
         z, v = net_step(world, state, np.clip(action, low, high))  # one row: equal to float rounding
         np.testing.assert_allclose(out.observation[0], z, rtol=1e-5, atol=1e-4)
         np.testing.assert_allclose(out.vector, v, rtol=1e-5, atol=1e-5)
