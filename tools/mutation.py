@@ -121,6 +121,41 @@ MODULES: dict[str, CoreModule] = {
         ),
         fork_server=True,
     ),
+    "app": CoreModule(
+        ("src/rollserve/server/app.py", "src/rollserve/server/rollout/status_codes.py"),
+        (
+            "tests/server/test_auth.py",
+            "tests/server/test_app_deployment_view.py",
+            "tests/server/test_rollout_direct_dispatch.py",
+            "tests/server/test_rollout_openapi.py",
+            "tests/server/test_rollout_status_codes.py",
+            "tests/server/test_rollout_routes.py",
+            "tests/server/test_policy_routes.py",
+            "tests/server/test_rollout_review_bodies.py",
+            "tests/server/test_rollout_bodyless_routes.py",
+            "tests/client/test_rollout_typed_server_errors.py",
+            "tests/server/test_app_review.py",
+        ),
+        fork_server=True,  # the policy routes' tests load a torch policy
+    ),
+    "policy": CoreModule(
+        (
+            "src/rollserve/server/policy/sessions.py",
+            "src/rollserve/server/policy/service.py",
+            "src/rollserve/server/policy/connections.py",
+        ),
+        (
+            "tests/server/test_policy_service.py",
+            "tests/server/test_policy_epochs.py",
+            "tests/server/test_policy_inflight_replacement.py",
+            "tests/server/test_policy_connection_order.py",
+            "tests/server/test_policy_connection_refusals.py",
+            "tests/server/test_connection_guards.py",
+            "tests/server/test_policy_routes.py",
+            "tests/server/test_policy_hostile.py",
+        ),
+        fork_server=True,  # the routes' tests load a torch policy
+    ),
     "guidance": CoreModule(
         ("src/rollserve/models/flow_sampling.py",),
         ("tests/models/test_flow_guidance.py", "tests/models/test_guidance_settings.py"),
@@ -143,8 +178,19 @@ def prepare(name: str, module: CoreModule) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(ROOT / "src", workdir / "src", ignore=ignore)
     shutil.copytree(ROOT / "tests", workdir / "tests", ignore=ignore)
+    _copy_read_only_trees(workdir)
     _configure(workdir, module)
     return workdir
+
+
+READ_BY_TESTS = ("docs", "examples")
+"""Trees some tests read (the status-code table in docs/rollout.md, the examples they run)."""
+
+
+def _copy_read_only_trees(workdir: Path) -> None:
+    for tree in READ_BY_TESTS:
+        shutil.rmtree(workdir / tree, ignore_errors=True)
+        shutil.copytree(ROOT / tree, workdir / tree, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
 
 def _configure(workdir: Path, module: CoreModule) -> None:
@@ -156,6 +202,7 @@ def _configure(workdir: Path, module: CoreModule) -> None:
         f"only_mutate = {_toml_list(module.sources)}\n"
         f"pytest_add_cli_args_test_selection = {_toml_list(module.tests)}\n"
         f"pytest_add_cli_args = {_toml_list(('-p', 'no:cacheprovider', '-q', *module.pytest_args))}\n"
+        f"also_copy = {_toml_list(READ_BY_TESTS)}\n"
         "use_git_change_detection = false\n"
         + ('process_isolation = "forkserver"\n' if module.fork_server else "")
     )
@@ -211,6 +258,7 @@ def recheck(name: str, workdir: Path, *, children: int, timeout_s: float) -> int
             shutil.copyfile(path, workdir / "mutants" / relative)
     shutil.rmtree(workdir / "tests")
     shutil.copytree(ROOT / "tests", workdir / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    _copy_read_only_trees(workdir)
     _configure(workdir, MODULES[name])
     print(f"[{name}] pass 1: mutants without a result", flush=True)
     log = workdir / "mutmut-recheck-1.log"

@@ -143,17 +143,29 @@ class RollserveApp(FastAPI):
         self._direct_prefix = prefix
         self._direct_routes = [(route, ApiKeyMiddleware(route.handle, api_key=api_key)) for route in routes]
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self._direct_routes and self._answers_directly():
-            mounted = self._mounted_scope(scope)
-            if mounted is not None:
-                for route, app in self._direct_routes:
-                    match, child = route.matches(mounted)
-                    if match is Match.FULL:
-                        mounted.update(child)
-                        await app(mounted, receive, send)
-                        return
-        await super().__call__(scope, receive, send)
+    # Not mutated (tools/mutation.py): uvicorn calls ``app()`` to tell a factory from an app, and
+    # a mutation tool's wrapper would answer it. The decision it makes is ``_direct_route``'s.
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # pragma: no mutate block
+        direct = self._direct_route(scope)
+        if direct is None:
+            await super().__call__(scope, receive, send)
+        else:
+            app, mounted = direct
+            await app(mounted, receive, send)
+
+    def _direct_route(self, scope: Scope) -> tuple[ASGIApp, Scope] | None:
+        """The rollout route that answers ``scope`` itself and the scope it gets, or None: FastAPI's."""
+        if scope["type"] != "http" or not self._direct_routes or not self._answers_directly():
+            return None
+        mounted = self._mounted_scope(scope)
+        if mounted is None:
+            return None
+        for route, app in self._direct_routes:
+            match, child = route.matches(mounted)
+            if match is Match.FULL:
+                mounted.update(child)
+                return app, mounted
+        return None
 
     def _answers_directly(self) -> bool:
         if self._direct_allowed is None:
