@@ -153,6 +153,8 @@ MODULES: dict[str, CoreModule] = {
             "tests/server/test_connection_guards.py",
             "tests/server/test_policy_routes.py",
             "tests/server/test_policy_hostile.py",
+            "tests/server/test_policy_service_review.py",
+            "tests/server/test_policy_connections_review.py",
         ),
         fork_server=True,  # the routes' tests load a torch policy
     ),

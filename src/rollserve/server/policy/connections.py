@@ -78,7 +78,6 @@ class IdleWatch:
         self.busy = busy
         self.loop = asyncio.get_running_loop()
         self.last = self.loop.time()
-        self.fired = False
         self._task = asyncio.ensure_future(self._watch())
 
     def touch(self) -> None:
@@ -90,7 +89,6 @@ class IdleWatch:
             if left <= 0 and not self.busy():
                 break
             await asyncio.sleep(max(left, self.timeout_s / 8))
-        self.fired = True
         with contextlib.suppress(Exception):  # the client may already be gone
             await self.ws.close(code=IDLE_CLOSE_CODE, reason=f"idle for {self.timeout_s:g} s")
 

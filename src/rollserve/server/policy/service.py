@@ -141,7 +141,6 @@ class PolicyService:
         """
         self._require_current(session, header)
         self.request_path.validate(session, obs)
-        session.touch()
         item = InferenceItem.of(session, header, obs)  # the session's processors as of now
         try:
             done = await self.worker.submit(item, key=session.session_id)

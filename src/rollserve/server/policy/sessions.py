@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
@@ -34,8 +33,6 @@ class PolicySession:
     rtc_enabled: bool = True
     processors: Processors = field(default_factory=Processors)
     epoch: int = 0
-    created_at: float = field(default_factory=time.time)
-    last_seen: float = field(default_factory=time.monotonic)
     _superseded: list[int] = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -48,9 +45,6 @@ class PolicySession:
         with self._lock:
             taken, self._superseded = self._superseded, []
         return sorted(taken)
-
-    def touch(self) -> None:
-        self.last_seen = time.monotonic()
 
 
 class SessionLimitReached(Exception):
@@ -126,13 +120,6 @@ class PolicySessionStore:
                 INFERENCE_ERROR,
                 f"the policy's make_processors() failed: {type(exc).__name__}: {str(exc)[:300]}",
             ) from exc
-
-    def get(self, session_id: str) -> PolicySession:
-        with self._lock:
-            session = self._sessions.get(session_id)
-        if session is None:
-            raise PolicyError(UNKNOWN_SESSION, "no such session (never opened, closed, or replaced)")
-        return session
 
     def is_open(self, session: PolicySession) -> bool:
         with self._lock:
