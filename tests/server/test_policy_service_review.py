@@ -7,8 +7,10 @@ and the store's own rules (defaults, close, reset of a closed session, the make_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
+from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
@@ -25,7 +27,7 @@ from rollserve.engine.policy_errors import (
 from rollserve.models.policy import Processors
 from rollserve.models.simple_policies import DROID_CAMERAS, ChunkPolicy, droid_policy
 from rollserve.server.policy.service import PolicyService
-from rollserve.server.policy.sessions import PolicySessionStore
+from rollserve.server.policy.sessions import PolicySession, PolicySessionStore
 from rollserve.server.settings import ServerSettings
 from rollserve.wire import MsgHeader, ObservationMsg, SessionOpen
 
@@ -43,6 +45,24 @@ def _gated_service() -> tuple[GatedPolicy, PolicyService]:
     return policy, PolicyService(
         policy, ServerSettings(max_batch_size=1, max_batch_wait_ms=0, inline_below_ms=0)
     )
+
+
+@contextlib.asynccontextmanager
+async def _model_held_by_another_robot() -> AsyncIterator[tuple[GatedPolicy, PolicyService, PolicySession]]:
+    """A service whose model is busy with another robot's request until ``policy.release`` (set at
+    the latest on exit), and a session whose requests queue behind it."""
+    policy, service = _gated_service()
+    try:
+        _, blocker = service.open_session(SessionOpen(client_uuid="first"))
+        _, session = service.open_session(SessionOpen(client_uuid="second"))
+        assert session is not None
+        running = asyncio.ensure_future(service.infer(blocker, MsgHeader(seq_id=1), _obs()))
+        assert await asyncio.to_thread(policy.entered.wait, 10)
+        yield policy, service, session
+        policy.release.set()
+        await running
+    finally:
+        service.close()
 
 
 def test_the_model_listing_says_everything_about_the_served_policy() -> None:
@@ -173,46 +193,32 @@ async def test_a_closed_session_is_refused_with_the_plain_message() -> None:
         service.close()
 
 
-async def test_a_session_closed_while_its_request_ran_refuses_the_chunk() -> None:
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        ("close_session", (UNKNOWN_SESSION, GONE + " while this ran)")),
+        ("reset_session", (STALE_EPOCH, "session_epoch 0 is not the current 1 (reset while this ran)")),
+    ],
+)
+async def test_a_session_closed_or_reset_while_its_request_ran_refuses_the_chunk(
+    change: str, refusal: tuple[str, str]
+) -> None:
     policy, service = _gated_service()
     try:
         _, session = service.open_session(SessionOpen(client_uuid="robot"))
         running = asyncio.ensure_future(service.infer(session, MsgHeader(seq_id=1), _obs()))
         assert await asyncio.to_thread(policy.entered.wait, 10)
-        service.close_session(session)
+        getattr(service, change)(session)
         policy.release.set()
         with pytest.raises(PolicyError) as info:
             await running
-        assert (info.value.code, info.value.message) == (UNKNOWN_SESSION, GONE + " while this ran)")
-    finally:
-        service.close()
-
-
-async def test_a_session_reset_while_its_request_ran_refuses_the_chunk_as_stale() -> None:
-    policy, service = _gated_service()
-    try:
-        _, session = service.open_session(SessionOpen(client_uuid="robot"))
-        running = asyncio.ensure_future(service.infer(session, MsgHeader(seq_id=1), _obs()))
-        assert await asyncio.to_thread(policy.entered.wait, 10)
-        service.reset_session(session)
-        policy.release.set()
-        with pytest.raises(PolicyError) as info:
-            await running
-        assert (info.value.code, info.value.message) == (
-            STALE_EPOCH,
-            "session_epoch 0 is not the current 1 (reset while this ran)",
-        )
+        assert (info.value.code, info.value.message) == refusal
     finally:
         service.close()
 
 
 async def test_a_request_whose_session_closed_while_it_waited_never_runs() -> None:
-    policy, service = _gated_service()
-    try:
-        _, blocker = service.open_session(SessionOpen(client_uuid="first"))
-        _, session = service.open_session(SessionOpen(client_uuid="second"))
-        running = asyncio.ensure_future(service.infer(blocker, MsgHeader(seq_id=1), _obs()))
-        assert await asyncio.to_thread(policy.entered.wait, 10)
+    async with _model_held_by_another_robot() as (policy, service, session):
         waiting = asyncio.ensure_future(service.infer(session, MsgHeader(seq_id=1), _obs()))
         await asyncio.sleep(0.05)  # queued behind the one in the model
         service.close_session(session)
@@ -220,19 +226,11 @@ async def test_a_request_whose_session_closed_while_it_waited_never_runs() -> No
         with pytest.raises(PolicyError) as info:
             await waiting
         assert (info.value.code, info.value.message) == (UNKNOWN_SESSION, GONE + " while this waited)")
-        await running
-        assert [size for _, _, size in policy.call_spans] == [1]  # the refused one never ran
-    finally:
-        service.close()
+    assert [size for _, _, size in policy.call_spans] == [1]  # the refused one never ran
 
 
 async def test_an_old_episodes_request_superseded_by_the_new_episode_is_refused_as_stale() -> None:
-    policy, service = _gated_service()
-    try:
-        _, blocker = service.open_session(SessionOpen(client_uuid="first"))
-        _, session = service.open_session(SessionOpen(client_uuid="second"))
-        running = asyncio.ensure_future(service.infer(blocker, MsgHeader(seq_id=1), _obs()))
-        assert await asyncio.to_thread(policy.entered.wait, 10)
+    async with _model_held_by_another_robot() as (policy, service, session):
         old = asyncio.ensure_future(service.infer(session, MsgHeader(seq_id=1), _obs()))
         await asyncio.sleep(0.05)
         service.reset_session(session)
@@ -245,18 +243,10 @@ async def test_an_old_episodes_request_superseded_by_the_new_episode_is_refused_
         )
         policy.release.set()
         assert (await new).superseded_seq_ids == []  # an old epoch's request is not reported as superseded
-        await running
-    finally:
-        service.close()
 
 
 async def test_a_request_superseded_in_its_own_episode_is_reported_in_the_next_reply() -> None:
-    policy, service = _gated_service()
-    try:
-        _, blocker = service.open_session(SessionOpen(client_uuid="first"))
-        _, session = service.open_session(SessionOpen(client_uuid="second"))
-        running = asyncio.ensure_future(service.infer(blocker, MsgHeader(seq_id=1), _obs()))
-        assert await asyncio.to_thread(policy.entered.wait, 10)
+    async with _model_held_by_another_robot() as (policy, service, session):
         old = asyncio.ensure_future(service.infer(session, MsgHeader(seq_id=4), _obs()))
         await asyncio.sleep(0.05)
         new = asyncio.ensure_future(service.infer(session, MsgHeader(seq_id=5), _obs()))
@@ -267,9 +257,6 @@ async def test_a_request_superseded_in_its_own_episode_is_reported_in_the_next_r
         reply = await new
         assert reply.superseded_seq_ids == [4]
         assert reply.queue_wait_ms >= 50.0  # reported in milliseconds
-        await running
-    finally:
-        service.close()
 
 
 async def test_a_shut_down_engine_refuses_with_a_retryable_unavailable() -> None:
