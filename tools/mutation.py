@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SCRATCH = ROOT / ".mutation"
 DOCS = ROOT / "docs" / "testing.md"
+READ_BY_TESTS = ("docs", "examples")  # trees some tests read: docs/rollout.md's table, the examples
 
 
 @dataclass(frozen=True)
@@ -183,10 +184,6 @@ def prepare(name: str, module: CoreModule) -> Path:
     _copy_read_only_trees(workdir)
     _configure(workdir, module)
     return workdir
-
-
-READ_BY_TESTS = ("docs", "examples")
-"""Trees some tests read (the status-code table in docs/rollout.md, the examples they run)."""
 
 
 def _copy_read_only_trees(workdir: Path) -> None:
