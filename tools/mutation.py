@@ -159,6 +159,20 @@ MODULES: dict[str, CoreModule] = {
         ),
         fork_server=True,  # the routes' tests load a torch policy
     ),
+    "robot_loop": CoreModule(
+        ("src/rollserve/client/inference_loop.py",),
+        (
+            "tests/client/test_inference_engine.py",
+            "tests/client/test_inference_engine_health_and_horizon.py",
+            "tests/client/test_inference_engine_races.py",
+            "tests/client/test_engine_backoff_and_frame_limit.py",
+            "tests/client/test_engine_reset_retry.py",
+            "tests/client/test_engine_restart.py",
+            "tests/client/test_remote_engine_failures.py",
+            "tests/rtc/test_latency.py",
+        ),
+        fork_server=True,
+    ),
     "guidance": CoreModule(
         ("src/rollserve/models/flow_sampling.py",),
         ("tests/models/test_flow_guidance.py", "tests/models/test_guidance_settings.py"),
