@@ -350,6 +350,9 @@ def test_reset_state_and_the_queue_object_change_only_under_the_state_lock() -> 
         ("jpeg_quality", -1, "got -1"),
         ("jpeg_quality", 80.0, "got 80.0"),
         ("jpeg_quality", True, "got True"),
+        ("refill_margin", -1, "refill_margin must be an int >= 0, got -1"),
+        ("refill_margin", 1.5, "got 1.5"),
+        ("refill_margin", True, "got True"),
     ],
 )
 def test_engine_config_refuses_what_would_fail_every_request(field: str, value: object, message: str) -> None:
@@ -357,6 +360,11 @@ def test_engine_config_refuses_what_would_fail_every_request(field: str, value: 
     the robot got no action at all, with the error only in the logs."""
     with pytest.raises(ValueError, match=re.escape(message)):
         EngineConfig(**{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("field", "value"), [("fps", 0.5), ("fps", 1.0), ("refill_margin", 0)])
+def test_engine_config_takes_slow_rates_and_a_zero_margin(field: str, value: float) -> None:
+    assert getattr(EngineConfig(**{field: value}), field) == value  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("quality", [0, 1, 100])

@@ -50,6 +50,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.fps <= 0:
             raise ValueError(f"fps must be > 0, got {self.fps}")
+        if type(self.refill_margin) is not int or self.refill_margin < 0:
+            # below 0 an empty queue could wait for more than the delay: the robot would starve
+            raise ValueError(f"refill_margin must be an int >= 0, got {self.refill_margin!r}")
         if self.fallback not in ("hold", "repeat", "zero"):
             raise ValueError(f"fallback must be hold, repeat or zero, got {self.fallback!r}")
         if type(self.jpeg_quality) is not int or not 0 <= self.jpeg_quality <= 100:

@@ -103,144 +103,152 @@ class _CapAwareParser:
         return getattr(self._parser, name)
 
 
-def guarded_http_protocol(header_timeout_s: float, max_header_bytes: int) -> type[asyncio.Protocol]:
-    """uvicorn's ``http`` protocol class with the deadline and cap baked in."""
-    latest = header_timeout_s * HEADER_DEADLINE_SPREAD
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the header deadline and cap (a subclass per server sets
+    them: :func:`guarded_http_protocol`)."""
 
-    class GuardedHttpToolsProtocol(HttpToolsProtocol):
-        _header_timer: asyncio.TimerHandle | None = None
-        _header_bytes = 0  # bytes received while this request's headers were incomplete
-        _parsed_header_bytes = 0  # this request's URL, header names and values as parsed
-        _headers_too_large = False
-        _in_message = False  # the parser is inside a request (its body may outlive its answer)
-        _in_body = False  # ... and past its headers: it has a cycle, whose app may await the body
-        _message_ended = False  # a request ended within the bytes being parsed
-        _last_words: bytes | None = None  # ending: written, then closed, once the answers are out
+    header_timeout_s: float  # set by guarded_http_protocol, from the server's settings
+    max_header_bytes: int
+    _header_timer: asyncio.TimerHandle | None = None
+    _header_bytes = 0  # bytes received while this request's headers were incomplete
+    _parsed_header_bytes = 0  # this request's URL, header names and values as parsed
+    _headers_too_large = False
+    _in_message = False  # the parser is inside a request (its body may outlive its answer)
+    _in_body = False  # ... and past its headers: it has a cycle, whose app may await the body
+    _message_ended = False  # a request ended within the bytes being parsed
+    _last_words: bytes | None = None  # ending: written, then closed, once the answers are out
 
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self.parser = _CapAwareParser(self.parser, lambda: self._headers_too_large)  # type: ignore[assignment]
-            self._refusals = RefusalStreak()
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.parser = _CapAwareParser(self.parser, lambda: self._headers_too_large)  # type: ignore[assignment]
+        self._refusals = RefusalStreak()
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._last_words is not None:
+            return  # nothing after a refused request is read
+        if self._header_timer is None and self._between_requests():
+            self._arm()  # bytes between requests: the next request's headers are due
+        waiting = self._header_timer is not None
+        self._message_ended = False
+        super().data_received(data)
+        if self._headers_too_large:
+            self._end(_HEADERS_TOO_LARGE)
+        elif waiting and self._header_timer is not None and not self._message_ended:
+            # still inside the headers; a read that also ended a request holds that request's
+            # bytes too (a pipelined body), and the next request's share of it is not known:
+            # not counted, so a partial header passes the cap by at most that one read
+            self._header_bytes += len(data)
+            if self._header_bytes > self.max_header_bytes:
+                self._end(_HEADERS_TOO_LARGE)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope[SCOPE_KEY] = self._refusals  # type: ignore[literal-required]
+        self._parsed_header_bytes = 0
+        self._in_message, self._in_body = True, False
+        if self._header_timer is None:
             self._arm()
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
+    def on_url(self, url: bytes) -> None:
+        self._count_parsed(len(url))
+        super().on_url(url)
 
-        def data_received(self, data: bytes) -> None:
-            if self._last_words is not None:
-                return  # nothing after a refused request is read
-            if self._header_timer is None and self._between_requests():
-                self._arm()  # bytes between requests: the next request's headers are due
-            waiting = self._header_timer is not None
-            self._message_ended = False
-            super().data_received(data)
-            if self._headers_too_large:
-                self._end(_HEADERS_TOO_LARGE)
-            elif waiting and self._header_timer is not None and not self._message_ended:
-                # still inside the headers; a read that also ended a request holds that request's
-                # bytes too (a pipelined body), and the next request's share of it is not known:
-                # not counted, so a partial header passes the cap by at most that one read
-                self._header_bytes += len(data)
-                if self._header_bytes > max_header_bytes:
-                    self._end(_HEADERS_TOO_LARGE)
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_parsed(len(name) + len(value))
+        super().on_header(name, value)
 
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self.scope[SCOPE_KEY] = self._refusals  # type: ignore[literal-required]
-            self._parsed_header_bytes = 0
-            self._in_message, self._in_body = True, False
-            if self._header_timer is None:
-                self._arm()
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        self._in_body = True
+        super().on_headers_complete()
 
-        def on_url(self, url: bytes) -> None:
-            self._count_parsed(len(url))
-            super().on_url(url)
+    def on_message_complete(self) -> None:
+        self._in_message = self._in_body = False
+        self._message_ended = True
+        super().on_message_complete()
 
-        def on_header(self, name: bytes, value: bytes) -> None:
-            self._count_parsed(len(name) + len(value))
-            super().on_header(name, value)
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's 400 for a malformed request, after the answers due before it. A malformed
+        body is answered at once, as uvicorn does, when its request's app runs (it may await
+        the rest); one of a request still queued is answered in its turn, by its own cycle."""
+        if self._in_body and any(cycle is self.cycle for cycle, _ in self.pipeline):
+            self._refuse_queued(msg)
+        elif self._in_body or not self._answers_due():
+            super().send_400_response(msg)
+        else:
+            self._end(_bad_request(msg, self.server_state.default_headers))
 
-        def on_headers_complete(self) -> None:
-            self._disarm()
-            self._in_body = True
-            super().on_headers_complete()
+    def _refuse_queued(self, msg: str) -> None:
+        """The queued request's app never runs: its cycle answers the 400 when its turn comes,
+        then the connection closes (``on_response_complete``); nothing more is read."""
+        self._disarm()
+        self._last_words = b""
+        refused = self.cycle
+        self.pipeline = deque((c, _refusal(msg) if c is refused else app) for c, app in self.pipeline)
+        self.flow.pause_reading()
 
-        def on_message_complete(self) -> None:
-            self._in_message = self._in_body = False
-            self._message_ended = True
-            super().on_message_complete()
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # starts the next pipelined request, if any
+        if self._last_words is not None and not self._answers_due():
+            self._say_last_words()
 
-        def send_400_response(self, msg: str) -> None:
-            """uvicorn's 400 for a malformed request, after the answers due before it. A malformed
-            body is answered at once, as uvicorn does, when its request's app runs (it may await
-            the rest); one of a request still queued is answered in its turn, by its own cycle."""
-            if self._in_body and any(cycle is self.cycle for cycle, _ in self.pipeline):
-                self._refuse_queued(msg)
-            elif self._in_body or not self._answers_due():
-                super().send_400_response(msg)
-            else:
-                self._end(_bad_request(msg, self.server_state.default_headers))
+    def _between_requests(self) -> bool:
+        """Neither a request being received (a body answered early may still be arriving)
+        nor one being answered (a stray CRLF after a body must not cut a slow answer off)."""
+        return not self._in_message and (self.cycle is None or self.cycle.response_complete)
 
-        def _refuse_queued(self, msg: str) -> None:
-            """The queued request's app never runs: its cycle answers the 400 when its turn comes,
-            then the connection closes (``on_response_complete``); nothing more is read."""
-            self._disarm()
-            self._last_words = b""
-            refused = self.cycle
-            self.pipeline = deque((c, _refusal(msg) if c is refused else app) for c, app in self.pipeline)
+    def _answers_due(self) -> bool:
+        """Requests before this one (pipelined) not yet answered, or being answered."""
+        return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete)
+
+    def _count_parsed(self, size: int) -> None:
+        """Raising stops httptools mid-request: no request is made of these headers, and
+        ``data_received`` refuses them (431) once ``feed_data`` returns."""
+        self._parsed_header_bytes += size
+        if self._parsed_header_bytes > self.max_header_bytes:
+            self._headers_too_large = True
+            raise _HeadersTooLarge
+
+    def _end(self, last_words: bytes) -> None:
+        """Write ``last_words`` and close, once the requests before this one are answered
+        (closing now would drop their answers); until then nothing more is read."""
+        self._disarm()
+        self._last_words = last_words
+        if self._answers_due():
             self.flow.pause_reading()
+        else:
+            self._say_last_words()
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()  # starts the next pipelined request, if any
-            if self._last_words is not None and not self._answers_due():
-                self._say_last_words()
+    def _say_last_words(self) -> None:
+        if not self.transport.is_closing():
+            if self._last_words:
+                self.transport.write(self._last_words)
+            self.transport.close()
 
-        def _between_requests(self) -> bool:
-            """Neither a request being received (a body answered early may still be arriving)
-            nor one being answered (a stray CRLF after a body must not cut a slow answer off)."""
-            return not self._in_message and (self.cycle is None or self.cycle.response_complete)
+    def _arm(self) -> None:
+        self._header_bytes = 0
+        earliest = self.header_timeout_s
+        deadline = random.uniform(
+            earliest, earliest * HEADER_DEADLINE_SPREAD
+        )  # spreads the closes; no secret
+        self._header_timer = self.loop.call_later(deadline, self._header_deadline)
 
-        def _answers_due(self) -> bool:
-            """Requests before this one (pipelined) not yet answered, or being answered."""
-            return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete)
-
-        def _count_parsed(self, size: int) -> None:
-            """Raising stops httptools mid-request: no request is made of these headers, and
-            ``data_received`` refuses them (431) once ``feed_data`` returns."""
-            self._parsed_header_bytes += size
-            if self._parsed_header_bytes > max_header_bytes:
-                self._headers_too_large = True
-                raise _HeadersTooLarge
-
-        def _end(self, last_words: bytes) -> None:
-            """Write ``last_words`` and close, once the requests before this one are answered
-            (closing now would drop their answers); until then nothing more is read."""
-            self._disarm()
-            self._last_words = last_words
-            if self._answers_due():
-                self.flow.pause_reading()
-            else:
-                self._say_last_words()
-
-        def _say_last_words(self) -> None:
-            if not self.transport.is_closing():
-                if self._last_words:
-                    self.transport.write(self._last_words)
-                self.transport.close()
-
-        def _arm(self) -> None:
-            self._header_bytes = 0
-            deadline = random.uniform(header_timeout_s, latest)  # spreads the closes; no secret
-            self._header_timer = self.loop.call_later(deadline, self._header_deadline)
-
-        def _disarm(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _header_deadline(self) -> None:
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
             self._header_timer = None
-            self._end(b"")
 
-    return GuardedHttpToolsProtocol
+    def _header_deadline(self) -> None:
+        self._header_timer = None
+        self._end(b"")
+
+
+def guarded_http_protocol(header_timeout_s: float, max_header_bytes: int) -> type[asyncio.Protocol]:
+    """uvicorn's ``http`` protocol class with the deadline and cap baked in."""
+    limits = {"header_timeout_s": header_timeout_s, "max_header_bytes": max_header_bytes}
+    return type(GuardedHttpToolsProtocol.__name__, (GuardedHttpToolsProtocol,), limits)
