@@ -181,6 +181,8 @@ MODULES: dict[str, CoreModule] = {
             "tests/server/test_http_guard_review.py",
             "tests/server/test_http_guard_trickle.py",
             "tests/server/test_http_pipelined_refusals.py",
+            "tests/server/test_refusal_penalty.py",  # each connection's refusal streak, in its scope
+            "tests/server/test_penalty_review.py",
         ),
         fork_server=True,
     ),

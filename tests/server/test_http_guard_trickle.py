@@ -136,3 +136,21 @@ def test_blank_lines_during_a_slow_answer_do_not_cut_it_off(running: RunningServ
             sock.recv(4096)
         RELEASE.set()
         assert _read_one_response(sock).startswith(HEALTHZ_OK)
+
+
+def test_a_stray_crlf_during_a_slow_answer_leaves_the_connection_open_for_the_next_request(
+    running: RunningServer,
+) -> None:
+    """The bytes did not start a header deadline either: after the answer, the connection is
+    still the client's, and its next request is served."""
+    STARTED.clear()
+    RELEASE.clear()
+    with socket.create_connection((running.host, running.port)) as sock:
+        sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert STARTED.wait(10.0)
+        sock.sendall(b"\r\n")
+        time.sleep(3 * HEADER_DEADLINE_S)  # past any deadline those bytes could have started
+        RELEASE.set()
+        assert _read_one_response(sock).startswith(HEALTHZ_OK)
+        sock.sendall(HEALTHZ)
+        assert _read_one_response(sock).startswith(HEALTHZ_OK)
