@@ -186,6 +186,23 @@ MODULES: dict[str, CoreModule] = {
         ),
         fork_server=True,
     ),
+    "rollout_client": CoreModule(
+        ("src/rollserve/client/rollout_client.py",),
+        (
+            "tests/client/test_rollout_client.py",
+            "tests/client/test_rollout_client_aliases.py",
+            "tests/client/test_rollout_client_body_timeout_retry.py",
+            "tests/client/test_rollout_faults.py",
+            "tests/client/test_rollout_proxy_errors.py",
+            "tests/client/test_rollout_reply_decoding.py",
+            "tests/client/test_rollout_typed_server_errors.py",
+            "tests/client/test_rollout_vllm_omni_errors.py",
+            "tests/server/test_rollout_batch_columns.py",  # the client's columns path, end to end
+            "tests/client/test_rollout_frames_writable.py",
+            "tests/client/test_rollout_client_review.py",
+        ),
+        fork_server=True,  # the servers these tests start load torch worlds
+    ),
     "guidance": CoreModule(
         ("src/rollserve/models/flow_sampling.py",),
         ("tests/models/test_flow_guidance.py", "tests/models/test_guidance_settings.py"),

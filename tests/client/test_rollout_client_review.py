@@ -1,0 +1,215 @@
+"""The rollout client's rules that its first mutation run (`rollout_client` in tools/mutation.py)
+found unchecked: what each call sends, the retry count and backoff, a lost reply that can no longer
+be retried, and how a refusal's body becomes a typed error. A unit test of the client alone: the
+server is an ``httpx.MockTransport`` that records what it is sent (the end-to-end paths are in
+``test_rollout_client.py`` and ``test_rollout_faults.py``)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from rollserve.client import rollout_client
+from rollserve.client.rollout_client import (
+    RolloutClient,
+    RolloutRequestError,
+    _detail_text,
+    _error,
+    _is_status,
+    _typed_error,
+    action_body,
+    unpack_reply,
+)
+from rollserve.wire.errors import MALFORMED_FRAME, WireError
+
+OBSERVATION = {  # the JSON body's form: base64 of the float32 bytes, and the shape
+    "video_latent": base64.b64encode(np.array([0.5, 1.5], "<f4").tobytes()).decode(),
+    "shape": [2],
+}
+ACTION = np.arange(8, dtype=np.float32) / 10
+
+
+class _Server:
+    """Answers JSON with ``answer(request)``; records each request (method, path, body)."""
+
+    def __init__(self, answer: Callable[[httpx.Request], httpx.Response]) -> None:
+        self.answer = answer
+        self.seen: list[tuple[str, str, Any]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        self.seen.append((request.method, request.url.path, body))
+        return self.answer(request)
+
+    def client(self, **kwargs: Any) -> RolloutClient:
+        return RolloutClient("http://world", use_msgpack=False, transport=httpx.MockTransport(self), **kwargs)
+
+
+def _json(payload: Any, status: int = 200) -> httpx.Response:
+    return httpx.Response(status, json=payload)
+
+
+def _session_answer(request: httpx.Request) -> httpx.Response:
+    body = json.loads(request.content) if request.content else {}
+    return _json({"session_id": body.get("session_id", "s"), "observation": OBSERVATION})
+
+
+def test_an_error_reads_as_its_code_and_message() -> None:
+    error = RolloutRequestError("step_conflict", "step 3 was committed", status=409, committed_step_id=3)
+    assert str(error) == "step_conflict: step 3 was committed"
+
+
+def test_create_session_sends_the_id_and_the_render_request_it_is_given() -> None:
+    server = _Server(_session_answer)
+    render = {"cameras": ["exterior"], "height": 64, "width": 64}
+    sid, tensor = server.client().create_session("m", seed=3, session_id="mine", render=render)
+    assert sid == "mine"
+    np.testing.assert_array_equal(tensor, [0.5, 1.5])
+    assert server.seen == [
+        ("POST", "/v1/realtime/sessions", {"model": "m", "seed": 3, "session_id": "mine", "render": render})
+    ]
+
+
+def test_a_reset_without_a_seed_draws_one_in_the_servers_31_bit_range() -> None:
+    server = _Server(_session_answer)
+    client = server.client()
+    for _ in range(64):
+        client.reset("s")
+    seeds = [body["seed"] for _, _, body in server.seen]
+    assert all(type(seed) is int and 0 <= seed < 2**31 for seed in seeds)
+    assert max(seeds) >= 2**30  # drawn over the whole range (64 draws below 2**30: odds 2**-64)
+    client.reset("s", seed=5)
+    assert server.seen[-1] == ("POST", "/v1/realtime/sessions/s/reset", {"seed": 5})
+
+
+def test_fork_sends_the_new_id_given_or_a_fresh_one() -> None:
+    server = _Server(_session_answer)
+    client = server.client()
+    assert client.fork("s", new_session_id="child") == "child"
+    drawn = client.fork("s")
+    assert server.seen[0] == ("POST", "/v1/realtime/sessions/s/fork", {"session_id": "child"})
+    assert server.seen[1][2] == {"session_id": drawn} and len(drawn) == 32 and int(drawn, 16) >= 0
+
+
+def test_world_names_what_it_did_not_find() -> None:
+    server = _Server(lambda _: _json({"data": [{"id": "p", "kind": "policy"}]}))
+    with pytest.raises(RolloutRequestError, match=r"^model_not_found: the server serves no world$"):
+        server.client().world()
+    with pytest.raises(RolloutRequestError, match=r"^model_not_found: the server serves no world 'w'$"):
+        server.client().world("w")
+
+
+def _step_answer(request: httpx.Request) -> httpx.Response:
+    step_id = json.loads(request.content)["step_id"]
+    return _json(
+        {
+            "step_id": step_id,
+            "next_observation": {**OBSERVATION, "reward": 1.0},
+            "model_metadata": {"committed_step_id": step_id},
+        }
+    )
+
+
+def test_a_step_sends_its_observation_and_context_flag() -> None:
+    server = _Server(_step_answer)
+    result = server.client().step("s", 4, ACTION, observation={"prompt": "push"}, use_session_context=False)
+    assert result.step_id == 4 and result.committed_step_id == 4
+    method, path, body = server.seen[0]
+    assert (method, path) == ("POST", "/v1/realtime/sessions/s/step")
+    assert body["observation"] == {"prompt": "push"} and body["use_session_context"] is False
+    assert body["action"] == action_body(ACTION)
+
+
+def test_an_action_is_eight_floats_whatever_its_shape_or_dtype() -> None:
+    body = action_body(np.arange(8, dtype=np.int64).reshape(1, 8))  # a policy's [1, 8] output
+    assert body == {"joint_positions": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0], "gripper_position": 7.0}
+    assert all(type(v) is float for v in [*body["joint_positions"], body["gripper_position"]])
+
+
+def _unreachable(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("refused", request=request)
+
+
+def test_a_step_is_tried_max_retries_plus_one_times_with_doubling_pauses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pauses: list[float] = []
+    monkeypatch.setattr(rollout_client.time, "sleep", pauses.append)
+    server = _Server(_unreachable)
+    client = server.client(max_retries=3, backoff_s=0.01, max_backoff_s=0.03)
+    with pytest.raises(httpx.ConnectError):
+        client.step("s", 1, ACTION, use_session_context=False)  # no status check between attempts
+    assert len(server.seen) == 4 and client.retries == 3
+    assert pauses == [0.01, 0.02, 0.03]  # doubling, capped
+
+
+def test_a_lost_reply_whose_step_the_session_has_passed_cannot_be_retried() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/status"):
+            return _json({"committed_step_id": 7})
+        raise httpx.ReadTimeout("lost", request=request)
+
+    client = _Server(answer).client(backoff_s=0.0)
+    with pytest.raises(RolloutRequestError) as refused:
+        client.step("s", 4, ACTION)
+    error = refused.value
+    assert (error.code, error.committed_step_id) == ("step_conflict", 7)
+    assert error.message == "step 4 cannot be retried: the session is at committed_step_id 7"
+
+
+def test_a_5xx_whose_body_is_not_a_servers_answer_is_retried_like_a_lost_reply() -> None:
+    answers = iter([_json([1, 2], status=503), _json({"data": []})])
+    server = _Server(lambda _: next(answers))
+    client = server.client(backoff_s=0.0)
+    assert client.models() == []
+    assert len(server.seen) == 2 and client.retries == 1
+
+
+def test_unpack_reply_names_what_was_wrong() -> None:
+    for content, kind in ((b"\xc1", "FormatError"), (b"\x93\x01", "ValueError")):
+        with pytest.raises(WireError) as refused:
+            unpack_reply(content)
+        assert refused.value.code == MALFORMED_FRAME
+        assert str(refused.value) == f"{MALFORMED_FRAME}: not a valid msgpack reply ({kind})"
+
+
+@pytest.mark.parametrize(
+    ("payload", "typed"),
+    [
+        ({"error": {"code": "step_conflict"}}, True),  # strict mode, step bodies
+        ({"error": {"code": "http_error"}}, False),  # the client's own stand-in for a page
+        ({"error": {"code": 409, "reason": "step_conflict"}}, True),  # vLLM-Omni mode
+        ({"error": {"code": 409, "reason": ""}}, False),
+        ({"error": {"code": 409}}, False),
+        ({"error": {"code": True, "reason": "x"}}, False),  # a bool is no status
+        ({"error": "text"}, False),
+        ([{"error": {"code": "x"}}], False),  # not a body of ours at all
+    ],
+)
+def test_a_typed_error_body_is_told_from_a_proxys(payload: Any, typed: bool) -> None:
+    assert _typed_error(payload) is typed
+
+
+@pytest.mark.parametrize(("value", "status"), [(409, True), (True, False), ("409", False), (None, False)])
+def test_a_status_is_an_int_and_never_a_bool(value: Any, status: bool) -> None:
+    assert _is_status(value) is status
+
+
+def test_a_refusal_without_a_typed_code_is_named_by_its_status() -> None:
+    assert _error(500, {"error": {"code": 500, "reason": 5, "message": "m"}}).code == "http_500"
+    assert _error(409, {"error": {"code": 409, "reason": "step_conflict"}}).code == "step_conflict"
+    detail = _error(422, {"detail": [{"loc": ["body", "step_id"], "msg": "bad"}]})
+    assert (detail.code, detail.message, detail.status) == ("http_422", "body.step_id: bad", 422)
+
+
+def test_fastapis_detail_reads_as_one_line() -> None:
+    assert _detail_text(None) == ""
+    assert _detail_text("not found") == "not found"
+    items = [{"loc": ["body", "step_id"], "msg": "bad"}, {"msg": "no place"}, "plain"]
+    assert _detail_text(items) == "body.step_id: bad; no place; plain"
