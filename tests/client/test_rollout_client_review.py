@@ -213,3 +213,134 @@ def test_fastapis_detail_reads_as_one_line() -> None:
     assert _detail_text("not found") == "not found"
     items = [{"loc": ["body", "step_id"], "msg": "bad"}, {"msg": "no place"}, "plain"]
     assert _detail_text(items) == "body.step_id: bad; no place; plain"
+
+
+def test_an_item_without_a_message_reads_as_itself() -> None:
+    assert _detail_text([{"loc": ["body"]}]) == "{'loc': ['body']}"
+
+
+def test_the_client_sends_its_key_to_the_base_url_without_a_doubled_slash() -> None:
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return _json({"data": []})
+
+    keyed = RolloutClient(
+        "http://world/", api_key="k", use_msgpack=False, transport=httpx.MockTransport(answer)
+    )
+    keyed.models()
+    RolloutClient("http://world", use_msgpack=False, transport=httpx.MockTransport(answer)).models()
+    RolloutClient("http://world/X/", use_msgpack=False, transport=httpx.MockTransport(answer)).models()
+    assert [str(r.url) for r in seen] == ["http://world/v1/models"] * 2 + ["http://world/X/v1/models"]
+    assert seen[0].headers["authorization"] == "Bearer k" and "authorization" not in seen[1].headers
+
+
+def test_the_clients_defaults_are_msgpack_eight_retries_and_a_short_backoff() -> None:
+    client = RolloutClient("http://world")
+    assert client.use_msgpack is True and client.max_retries == 8
+    assert (client.backoff_s, client.max_backoff_s) == (0.02, 1.0)
+    assert client._timeout == httpx.Timeout(30.0).as_dict()
+
+
+def _stepped(next_observation: dict[str, Any], status: int = 200, **payload: Any) -> Any:
+    answer = {"step_id": 2, "next_observation": next_observation, "model_metadata": {"committed_step_id": 2}}
+    server = _Server(lambda _: _json({**answer, **payload}, status=status))
+    return server.client(max_retries=0).step("s", 2, ACTION)
+
+
+def test_a_step_result_carries_reward_end_info_and_metadata() -> None:
+    result = _stepped({**OBSERVATION, "reward": 2.5, "terminated": True, "info": {"success": True}})
+    assert (result.reward, result.terminated, result.info) == (2.5, True, {"success": True})
+    assert result.metadata == {"committed_step_id": 2} and result.replayed is False
+    bare = _stepped(OBSERVATION)  # a world that reports no reward, end or info
+    assert (bare.reward, bare.terminated, bare.info) == (0.0, False, {})
+    assert type(bare.reward) is float and type(bare.terminated) is bool
+
+
+def test_a_400_is_a_refusal_even_with_a_step_answers_body() -> None:
+    with pytest.raises(RolloutRequestError) as refused:
+        _stepped(OBSERVATION, status=400)
+    assert (refused.value.code, refused.value.status) == ("http_400", 400)
+    assert _stepped(OBSERVATION, status=400, replayed=True).replayed  # a replay answers as a step
+
+
+def test_actions_as_columns_must_be_n_by_8() -> None:
+    client = _Server(_unreachable).client()
+    for shape in [(8,), (3, 7), (2, 8, 1)]:
+        with pytest.raises(
+            ValueError, match=r"^actions must be \(N, 8\): 7 joint positions, then the gripper; got "
+        ):
+            client.batch_step_columns(["s"], [1], np.zeros(shape))
+
+
+COLUMNS = {  # a JSON columns answer: row 0 refused, row 1 committed now, row 2 replayed
+    "session_ids": ["a", "b", "c"],
+    "step_ids": [4, 5, 6],
+    "status": ["error", "ok", "error"],
+    "replayed": [False, False, True],
+    "committed_step_ids": [3, 5, 6],
+    "errors": [
+        {"code": "step_conflict", "message": "at 3"},
+        None,
+        {"code": "step_conflict", "message": "replay"},
+    ],
+    "uncertainty": [None, 0.25, 0.5],
+    "latency_ms": 7.5,
+    "next_observation": {
+        "video_latent": base64.b64encode(np.arange(6, dtype="<f4").tobytes()).decode(),
+        "shape": [3, 2],
+        "reward": [0, 1, 2],  # whole numbers, as a JSON encoder may write them: float64 all the same
+        "terminated": [False, True, False],
+        "info": [{}, {"success": True}, {}],
+        "state": [[0, 1], [2, 3], [4, 5]],
+    },
+}
+
+
+def test_a_columns_answer_becomes_typed_columns_and_rows() -> None:
+    server = _Server(lambda _: _json(COLUMNS))
+    actions = np.full((3, 8), 0.1)  # float64: sent as the float32 values the server steps with
+    answer = server.client().batch_step_columns(["a", "b", "c"], [4, 5, 6], actions)
+    assert server.seen[0][2]["actions"] == actions.astype(np.float32).tolist()
+    assert (answer.session_ids, answer.step_ids, answer.latency_ms) == (["a", "b", "c"], [4, 5, 6], 7.5)
+    assert answer.ok.tolist() == [False, True, True] and answer.replayed.tolist() == [False, False, True]
+    assert answer.reward.dtype == np.float64 and answer.reward.tolist() == [0.0, 1.0, 2.0]
+    assert answer.terminated.dtype == bool and answer.committed_step_ids.dtype == np.int64
+    assert answer.ok.dtype == answer.replayed.dtype == bool
+    assert answer.state is not None and answer.state.dtype == np.float32
+    np.testing.assert_array_equal(answer.state, [[0, 1], [2, 3], [4, 5]])
+    np.testing.assert_array_equal(answer.observation, np.arange(6).reshape(3, 2))
+    assert answer.uncertainty == [None, 0.25, 0.5] and answer.info[1] == {"success": True}
+    refused = answer.errors[0]
+    assert refused is not None and answer.errors[1:] == [None, None]  # a replayed row is a result
+    assert (refused.code, refused.message, refused.committed_step_id) == ("step_conflict", "at 3", 3)
+    rows = answer.results()
+    assert rows[0] is refused
+    ok, again = rows[1], rows[2]
+    assert not isinstance(ok, RolloutRequestError) and not isinstance(again, RolloutRequestError)
+    assert (ok.step_id, ok.reward, ok.terminated) == (5, 1.0, True)
+    assert (ok.committed_step_id, ok.replayed) == (5, False)
+    assert ok.info == {"success": True} and ok.metadata == {
+        "committed_step_id": 5,
+        "uncertainty": 0.25,
+        "latency_ms": 7.5,
+    }
+    assert (again.step_id, again.terminated, again.replayed, again.committed_step_id) == (6, False, True, 6)
+    np.testing.assert_array_equal(again.state, [4, 5])
+
+
+def test_columns_without_state_or_uncertainty_give_rows_without_them() -> None:
+    nxt = {k: v for k, v in COLUMNS["next_observation"].items() if k != "state"}
+    server = _Server(lambda _: _json({**COLUMNS, "next_observation": nxt, "uncertainty": []}))
+    answer = server.client().batch_step_columns(["a", "b", "c"], [4, 5, 6], np.zeros((3, 8)))
+    assert answer.state is None
+    ok = answer.results()[1]
+    assert not isinstance(ok, RolloutRequestError)
+    assert ok.state is None and ok.metadata["uncertainty"] is None
+
+
+def test_a_columns_answer_of_the_wrong_length_is_refused() -> None:
+    server = _Server(lambda _: _json({**COLUMNS, "committed_step_ids": [3, 5]}))
+    with pytest.raises(ValueError):  # zip(strict=True): a row without its committed step id
+        server.client().batch_step_columns(["a", "b", "c"], [4, 5, 6], np.zeros((3, 8)))
