@@ -249,7 +249,8 @@ def test_a_stop_without_a_request_in_flight_closes_the_source_once_and_the_threa
     engine = InferenceEngine(source, EngineConfig(fps=100.0))
     engine.start()
     try:
-        thread = next(t for t in threading.enumerate() if t.name == "rollserve-inference")
+        thread = engine._thread
+        assert thread is not None and thread.name == "rollserve-inference"
         assert thread.daemon  # an engine left running never keeps the robot's program from exiting
         engine.update_observation(OBS)
         wait_until(lambda: engine.stats.chunks_merged >= 1)
