@@ -10,7 +10,8 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -37,6 +38,13 @@ GONE = "no such session (never opened, closed, or replaced"
 
 def _obs() -> ObservationMsg:
     return ObservationMsg(state=np.linspace(-1, 1, 6, dtype=np.float32))
+
+
+async def _refused(call: Awaitable[Any]) -> tuple[str, str]:
+    """The code and message of the ``PolicyError`` that ``call`` raises."""
+    with pytest.raises(PolicyError) as info:
+        await call
+    return info.value.code, info.value.message
 
 
 def _gated_service() -> tuple[GatedPolicy, PolicyService]:
@@ -161,9 +169,10 @@ async def test_a_stale_epoch_is_refused_with_the_plain_message() -> None:
     try:
         _, session = service.open_session(SessionOpen(client_uuid="robot"))
         service.reset_session(session)
-        with pytest.raises(PolicyError) as info:
-            await service.infer(session, MsgHeader(seq_id=1, session_epoch=0), _obs())
-        assert (info.value.code, info.value.message) == (STALE_EPOCH, "session_epoch 0 is not the current 1")
+        assert await _refused(service.infer(session, MsgHeader(seq_id=1, session_epoch=0), _obs())) == (
+            STALE_EPOCH,
+            "session_epoch 0 is not the current 1",
+        )
     finally:
         service.close()
 
@@ -186,9 +195,10 @@ async def test_a_closed_session_is_refused_with_the_plain_message() -> None:
     try:
         _, session = service.open_session(SessionOpen(client_uuid="robot"))
         service.close_session(session)
-        with pytest.raises(PolicyError) as info:
-            await service.infer(session, MsgHeader(seq_id=1), _obs())
-        assert (info.value.code, info.value.message) == (UNKNOWN_SESSION, GONE + ")")
+        assert await _refused(service.infer(session, MsgHeader(seq_id=1), _obs())) == (
+            UNKNOWN_SESSION,
+            GONE + ")",
+        )
     finally:
         service.close()
 
@@ -210,9 +220,7 @@ async def test_a_session_closed_or_reset_while_its_request_ran_refuses_the_chunk
         assert await asyncio.to_thread(policy.entered.wait, 10)
         getattr(service, change)(session)
         policy.release.set()
-        with pytest.raises(PolicyError) as info:
-            await running
-        assert (info.value.code, info.value.message) == refusal
+        assert await _refused(running) == refusal
     finally:
         service.close()
 
@@ -223,9 +231,7 @@ async def test_a_request_whose_session_closed_while_it_waited_never_runs() -> No
         await asyncio.sleep(0.05)  # queued behind the one in the model
         service.close_session(session)
         policy.release.set()
-        with pytest.raises(PolicyError) as info:
-            await waiting
-        assert (info.value.code, info.value.message) == (UNKNOWN_SESSION, GONE + " while this waited)")
+        assert await _refused(waiting) == (UNKNOWN_SESSION, GONE + " while this waited)")
     assert [size for _, _, size in policy.call_spans] == [1]  # the refused one never ran
 
 
@@ -235,9 +241,7 @@ async def test_an_old_episodes_request_superseded_by_the_new_episode_is_refused_
         await asyncio.sleep(0.05)
         service.reset_session(session)
         new = asyncio.ensure_future(service.infer(session, MsgHeader(seq_id=2, session_epoch=1), _obs()))
-        with pytest.raises(PolicyError) as info:
-            await old
-        assert (info.value.code, info.value.message) == (
+        assert await _refused(old) == (
             STALE_EPOCH,
             "session_epoch 0 is not the current 1 (reset while this waited)",
         )
