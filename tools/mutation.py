@@ -203,6 +203,48 @@ MODULES: dict[str, CoreModule] = {
         ),
         fork_server=True,  # the servers these tests start load torch worlds
     ),
+    "ws_protocol": CoreModule(
+        ("src/rollserve/server/ws_protocol.py",),
+        (
+            "tests/server/test_ws_protocol.py",
+            "tests/server/test_ws_oversized_close.py",
+            "tests/client/test_policy_client_frame_limit_race.py",
+            "tests/client/test_policy_client_frame_too_large_after_reset.py",
+            "tests/server/test_ws_protocol_review.py",
+        ),
+    ),
+    "policy_client": CoreModule(
+        ("src/rollserve/client/policy_client.py",),
+        (
+            "tests/client/test_policy_client.py",
+            "tests/client/test_policy_client_call_timeout.py",
+            "tests/client/test_policy_client_close.py",
+            "tests/client/test_policy_client_frame_limit_race.py",
+            "tests/client/test_policy_client_frame_too_large_after_reset.py",
+            "tests/client/test_policy_client_refusal_hints.py",
+            "tests/client/test_policy_client_send_timeout.py",
+            "tests/client/test_engine_backoff_and_frame_limit.py",
+            "tests/client/test_remote_engine_failures.py",
+            "tests/server/test_policy_connection_refusals.py",
+            "tests/server/test_wire_errors_over_socket.py",
+            "tests/client/test_policy_client_review.py",
+        ),
+        fork_server=True,  # some of these tests serve a torch policy
+    ),
+    "rollout_protocol": CoreModule(
+        ("src/rollserve/server/rollout/protocol.py",),
+        (
+            "tests/server/test_rollout_protocol.py",
+            "tests/server/test_rollout_action_required.py",
+            "tests/server/test_rollout_fast_paths.py",
+            "tests/server/test_rollout_bool_floats.py",
+            "tests/server/test_rollout_batch_item_validation.py",
+            "tests/server/test_rollout_start_state_refusals.py",
+            "tests/server/test_rollout_batch_columns.py",
+            "tests/server/test_rollout_review_bodies.py",
+        ),
+        fork_server=True,  # some of these tests serve torch worlds
+    ),
     "guidance": CoreModule(
         ("src/rollserve/models/flow_sampling.py",),
         ("tests/models/test_flow_guidance.py", "tests/models/test_guidance_settings.py"),

@@ -17,6 +17,7 @@ import pytest
 
 from rollserve.client import rollout_client
 from rollserve.client.rollout_client import (
+    MSGPACK,
     RolloutClient,
     RolloutRequestError,
     _detail_text,
@@ -26,6 +27,7 @@ from rollserve.client.rollout_client import (
     action_body,
     unpack_reply,
 )
+from rollserve.wire.codec import packb, unpackb
 from rollserve.wire.errors import MALFORMED_FRAME, WireError
 
 OBSERVATION = {  # the JSON body's form: base64 of the float32 bytes, and the shape
@@ -344,3 +346,87 @@ def test_a_columns_answer_of_the_wrong_length_is_refused() -> None:
     server = _Server(lambda _: _json({**COLUMNS, "committed_step_ids": [3, 5]}))
     with pytest.raises(ValueError):  # zip(strict=True): a row without its committed step id
         server.client().batch_step_columns(["a", "b", "c"], [4, 5, 6], np.zeros((3, 8)))
+
+
+def _recording_transport(use_msgpack: bool, seen: list[httpx.Request]) -> httpx.MockTransport:
+    """Answers every request with a session's body in the client's codec, and keeps the request."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if not use_msgpack:
+            return _json({"session_id": "s", "observation": OBSERVATION, "data": []})
+        latent = np.array([0.5, 1.5], np.float32)
+        body = packb({"session_id": "s", "observation": {"video_latent": latent, "shape": [2]}, "data": []})
+        return httpx.Response(200, content=body, headers={"content-type": MSGPACK})
+
+    return httpx.MockTransport(answer)
+
+
+@pytest.mark.parametrize("use_msgpack", [True, False])
+def test_each_request_asks_for_the_clients_codec_and_carries_its_timeout(use_msgpack: bool) -> None:
+    seen: list[httpx.Request] = []
+    client = RolloutClient(
+        "http://world",
+        use_msgpack=use_msgpack,
+        timeout_s=2.5,
+        transport=_recording_transport(use_msgpack, seen),
+    )
+    client.models()  # no body
+    client.create_session("m", seed=1, session_id="s")  # a body
+    codec = MSGPACK if use_msgpack else "application/json"
+    assert [r.headers.get("accept") for r in seen] == [codec, codec]
+    assert [r.headers.get("content-type") for r in seen] == [None, codec]
+    assert [r.extensions.get("timeout") for r in seen] == [httpx.Timeout(2.5).as_dict()] * 2
+    sent = unpackb(seen[1].content) if use_msgpack else json.loads(seen[1].content)
+    assert sent == {"model": "m", "seed": 1, "session_id": "s"}
+
+
+def test_msgpack_columns_carry_the_actions_as_one_float32_tensor() -> None:
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, content=packb(COLUMNS), headers={"content-type": MSGPACK})
+
+    client = RolloutClient("http://world", transport=httpx.MockTransport(answer), max_retries=0)
+    answer_columns = client.batch_step_columns(["a", "b", "c"], [4, 5, 6], np.arange(24.0).reshape(3, 8))
+    assert answer_columns.step_ids == [4, 5, 6]
+    actions = unpackb(seen[0].content)["actions"]  # one tensor on the wire, not 3 lists of 8 floats
+    assert isinstance(actions, np.ndarray) and actions.dtype == np.float32 and actions.shape == (3, 8)
+    np.testing.assert_array_equal(actions, np.arange(24).reshape(3, 8))
+
+
+def test_an_observation_without_a_state_decodes_to_none_and_a_tensor_to_float32() -> None:
+    observed = rollout_client.decode_observation(OBSERVATION)
+    assert observed.state is None and observed.images is None
+    packed = unpack_reply(packb({"video_latent": np.array([[0.25, -2.0]], np.float64), "shape": [1, 2]}))
+    tensor = rollout_client.decode_tensor_field(packed)
+    assert tensor.dtype == np.float32 and tensor.flags.writeable
+    np.testing.assert_array_equal(tensor, [[0.25, -2.0]])
+
+
+def test_a_refusal_whose_body_is_no_json_reads_as_http_error_with_the_pages_start() -> None:
+    page = "<html>not found: " + "x" * 300  # a proxy's page, not the server's body
+    server = _Server(lambda _: httpx.Response(404, text=page))
+    with pytest.raises(RolloutRequestError) as refused:
+        server.client(max_retries=0).status("s")
+    assert (refused.value.code, refused.value.status) == ("http_error", 404)
+    assert str(refused.value) == "http_error: " + page[:200]
+
+
+@pytest.mark.parametrize(("status", "page"), [(502, b""), (500, b"upstream died")])
+def test_a_proxy_failure_that_outlasts_the_retries_names_its_status_and_request(
+    status: int, page: bytes
+) -> None:
+    attempts: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        attempts.append(request)
+        return httpx.Response(status, content=page)  # no content type: a bare page
+
+    client = RolloutClient(
+        "http://world", use_msgpack=False, max_retries=1, backoff_s=0.0, transport=httpx.MockTransport(answer)
+    )
+    with pytest.raises(httpx.RemoteProtocolError, match=rf"^upstream answered {status}$") as failed:
+        client.status("s")
+    assert len(attempts) == 2 and failed.value.request is attempts[-1]
