@@ -242,8 +242,36 @@ MODULES: dict[str, CoreModule] = {
             "tests/server/test_rollout_start_state_refusals.py",
             "tests/server/test_rollout_batch_columns.py",
             "tests/server/test_rollout_review_bodies.py",
+            "tests/server/test_rollout_protocol_review.py",
         ),
         fork_server=True,  # some of these tests serve torch worlds
+    ),
+    "learned_world": CoreModule(
+        ("src/rollserve/models/learned_world.py",),
+        (
+            "tests/models/test_learned_world.py",
+            "tests/models/test_world_checkpoint_checks.py",
+            "tests/models/test_world_action_state.py",
+            "tests/server/test_serve_trained_world.py",
+            "tests/models/test_learned_world_review.py",
+        ),
+        fork_server=True,  # torch worlds
+    ),
+    "rollout_env": CoreModule(
+        ("src/rollserve/client/rollout_env.py",),
+        (
+            "tests/client/test_rollout_env.py",
+            "tests/client/test_rollout_env_held_ends.py",
+            "tests/client/test_rollout_env_lost_replies.py",
+            "tests/client/test_rollout_env_lost_sessions.py",
+            "tests/client/test_rollout_env_recovery.py",
+            "tests/client/test_rollout_env_render_mode.py",
+            "tests/client/test_rollout_vector_env_infos.py",
+            "tests/client/test_rollout_frames_writable.py",
+            "tests/server/test_rollout_batch_columns.py",
+            "tests/client/test_rollout_env_review.py",
+        ),
+        fork_server=True,  # the servers these tests start load torch worlds
     ),
     "guidance": CoreModule(
         ("src/rollserve/models/flow_sampling.py",),
