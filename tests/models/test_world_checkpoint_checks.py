@@ -1,6 +1,6 @@
 """A world checkpoint whose task does not fit its layouts is refused when it loads, not served:
 a one-value action bound would broadcast over every action, a short home pose would start every
-session with a state shorter than its layout."""
+session with a state shorter than its layout, and an action box needs both of its bounds."""
 
 from __future__ import annotations
 
@@ -46,8 +46,12 @@ def test_the_shipped_world_checkpoints_pass_the_checks(kind: str) -> None:
             lambda c: c["start"].update(home_qpos=c["start"]["home_qpos"][:6]),
             "the start distribution gives 12 values for 13 states",
         ),
+        (
+            lambda c: c.update(action_high=[]),
+            "action_low and action_high go together",
+        ),
     ],
-    ids=["short-low", "long-high", "short-home"],
+    ids=["short-low", "long-high", "short-home", "half-box"],
 )
 def test_a_world_checkpoint_that_does_not_fit_its_layouts_is_refused(
     tmp_path: Path, kind: str, edit: Callable[[dict[str, Any]], None], message: str
