@@ -545,13 +545,14 @@ def test_a_frame_limit_close_without_a_reason_says_so_in_full() -> None:
 
 def test_the_close_code_websockets_parsed_is_the_one_used() -> None:
     """The close frame websockets parsed decides; the bytes the socket saw are only a fallback, and a
-    reason whose bytes end like a short close frame (``88 02 ..``) would read as another code there."""
-    reason = "over the limit \u02c8\x02ok"  # U+02C8 is the bytes CB 88
+    reason whose bytes end like a short close frame with a code a server may send (``88 02 04 20``:
+    1056) would read as that frame there."""
+    reason = "over the limit \u02c8\x02\x04 "  # U+02C8 is the bytes CB 88
     assert _close_frame_at_end(
         b"\x88" + bytes([2 + len(reason.encode())]) + b"\x03\xf1" + reason.encode()
-    ) != (
-        1009,
-        reason,
+    ) == (
+        1056,
+        "",
     )  # what the fallback alone would make of it
     with _scripted(_closing_on_observations(1009, reason)) as server:
         client = PolicyClient(server.url).connect()
@@ -666,12 +667,21 @@ def _close_frame(code: int, reason: bytes = b"") -> bytes:
         (_close_frame(1009, b"x"), (1009, "x")),  # an odd distance from the end
         (_close_frame(1000, b"a\x02bc"), (1000, "a\x02bc")),  # a reason byte that equals a length
         (_close_frame(1009, "\u02c8abc".encode()), (1009, "\u02c8abc")),  # and one that is 0x88
+        (
+            _close_frame(1009, "\u02c8\x02ok".encode()),
+            (1009, "\u02c8\x02ok"),
+        ),  # ends like 88 02 6f 6b: no code
+        (_close_frame(4999, b"x\x88\x02\x13\x88"), (4999, "x\ufffd\x02\x13\ufffd")),  # 0x1388: one past 4999
+        (b"\x88\x02\x03\xe7", None),  # 999: below any code a server sends
+        (b"\x88\x02\x03\xe8", (1000, "")),  # the lowest
         (b"junk" + _close_frame(1009, b"r" * 123), (1009, "r" * 123)),  # the longest: 125 bytes of payload
         (_close_frame(1009, b"\xff\xfe"), (1009, "\ufffd\ufffd")),  # a reason that is not UTF-8
         (b"\x82\x02ab", None),  # a data frame, no close
         (b"", None),
         (b"\x04\x03\xf1\x00\x88", None),  # no frame, unless read wrapping round from the end
         (b"\x88\x7e" + bytes(126), None),  # 126 is no close frame's length (at most 125)
+        (b"\x88\x7e\x03\xe8" + bytes(124), None),  # nor with a code a server may send
+        (b"\x88\x05\x03\xe8", None),  # a length byte that is not what follows
     ],
 )
 def test_the_close_frame_at_the_end_of_the_received_bytes(

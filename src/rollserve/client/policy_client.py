@@ -517,11 +517,14 @@ def _unread_count(sock: socket.socket) -> int:
 
 def _close_frame_at_end(data: bytes) -> tuple[int, str] | None:
     """The (code, reason) of the server's close frame (FIN and opcode 8, unmasked, with a status code)
-    that ends ``data``, or None."""
+    that ends ``data``, or None. A candidate whose code no server may send (outside 1000-4999) is
+    passed over: a close reason whose last bytes look like a short close frame (``88 02 6f 6b``,
+    the end of "\u02c8\x02ok") would otherwise be read as that frame."""
     for start in range(len(data) - 4, max(-1, len(data) - _CLOSE_FRAME_MAX - 1), -1):
         if data[start] == 0x88 and data[start + 1] == len(data) - start - 2:
             code = int.from_bytes(data[start + 2 : start + 4], "big")
-            return code, data[start + 4 :].decode("utf-8", "replace")
+            if 1000 <= code <= 4999:
+                return code, data[start + 4 :].decode("utf-8", "replace")
     return None
 
 
