@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio.selector_events
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -22,3 +24,18 @@ def http() -> Iterator[httpx.Client]:
     app = create_app(settings, rollout=RolloutService(ToyWorld(), settings))
     with serving(app) as server, httpx.Client(base_url=server.http_url, timeout=60.0) as client:
         yield client
+
+
+@pytest.fixture
+def pauses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts ``pause_reading`` on every asyncio socket transport, for servers this process runs on
+    asyncio's own loop (uvloop's transports are C types)."""
+    calls: list[int] = []
+    original = asyncio.selector_events._SelectorTransport.pause_reading
+
+    def counting(self: Any) -> None:
+        calls.append(1)
+        original(self)
+
+    monkeypatch.setattr(asyncio.selector_events._SelectorTransport, "pause_reading", counting)
+    return calls

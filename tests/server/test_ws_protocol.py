@@ -3,7 +3,6 @@ flooding client still does (bounded buffering), and every reply still comes, in 
 
 from __future__ import annotations
 
-import asyncio.selector_events
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,20 +31,6 @@ def server() -> Iterator[RunningServer]:
     service = PolicyService(echo_policy())
     with serving(create_app(ServerSettings(event_loop="asyncio"), policy=service)) as running:
         yield running
-
-
-@pytest.fixture
-def pauses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts ``pause_reading`` on every socket transport (the server runs in this process)."""
-    calls: list[int] = []
-    original = asyncio.selector_events._SelectorTransport.pause_reading
-
-    def counting(self: Any) -> None:
-        calls.append(1)
-        original(self)
-
-    monkeypatch.setattr(asyncio.selector_events._SelectorTransport, "pause_reading", counting)
-    return calls
 
 
 def test_a_lock_step_client_never_pauses_the_socket(server: RunningServer, pauses: list[int]) -> None:

@@ -76,22 +76,6 @@ def server(app: _EchoApp) -> Iterator[RunningServer]:
         yield running
 
 
-@pytest.fixture
-def pauses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts ``pause_reading`` on every asyncio socket transport (the server runs in this process)."""
-    import asyncio.selector_events
-
-    calls: list[int] = []
-    original = asyncio.selector_events._SelectorTransport.pause_reading
-
-    def counting(self: Any) -> None:
-        calls.append(1)
-        original(self)
-
-    monkeypatch.setattr(asyncio.selector_events._SelectorTransport, "pause_reading", counting)
-    return calls
-
-
 class _RawClient:
     """A websocket client that writes any number of messages in one ``sendall``."""
 
