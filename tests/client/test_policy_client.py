@@ -131,9 +131,10 @@ def test_reopen_codes_match_the_server() -> None:
 
 
 def test_a_connection_over_the_address_limit_reads_as_unavailable() -> None:
-    """The server refuses a websocket beyond ``max_connections_per_client`` with a text frame
-    ``"unavailable: ..."`` before close 1013: the client reads that code (retryable), not a
-    malformed frame, so a robot can tell "try later" from a broken server."""
+    """The server refuses a websocket beyond ``max_connections_per_client`` with an ``unavailable``
+    error message before close 1013 (binary, as every error; older servers sent a text frame
+    ``"unavailable: ..."``, read the same way: ``test_policy_client_review.py``): the client reads
+    that code (retryable), so a robot can tell "try later" from a broken server."""
     settings = ServerSettings(max_batch_wait_ms=0.0, max_connections_per_client=1)
     app = create_app(settings, policy=PolicyService(ChunkPolicy(), settings))
     with serving(app) as running, PolicyClient(_url(running)) as first, PolicyClient(_url(running)) as second:
