@@ -188,11 +188,16 @@ def decode_observation(payload: dict[str, Any]) -> Observed:
     )
 
 
+def check_action_size(size: int) -> None:
+    """Refuse an action that is not the 8 DROID values before anything is sent for it."""
+    if size != 8:
+        raise ValueError(f"a DROID action has 8 values (7 joints + gripper), got {size}")
+
+
 def action_body(action: Any) -> dict[str, Any]:
     """An 8-value DROID action as the API's ``{joint_positions, gripper_position}``."""
     values = np.asarray(action, dtype=np.float64).reshape(-1).tolist()
-    if len(values) != 8:
-        raise ValueError(f"a DROID action has 8 values (7 joints + gripper), got {len(values)}")
+    check_action_size(len(values))
     return {"joint_positions": values[:7], "gripper_position": values[7]}
 
 

@@ -29,6 +29,7 @@ from rollserve.client.rollout_client import (
     RolloutRequestError,
     StepCall,
     StepResult,
+    check_action_size,
 )
 
 T = TypeVar("T")
@@ -161,7 +162,10 @@ class _Session:
         return _pixels(Observed(result.observation, result.state, result.images))
 
     def call(self, action: np.ndarray) -> StepCall:
+        """The next step of this session. A malformed action is refused here, before the call can
+        become the pending step (which every later step would resend, and fail on, until a reset)."""
         assert self.session_id is not None, "reset() before step()"
+        check_action_size(np.size(action))
         return StepCall(self.session_id, self.next_step, action)
 
     def send(self, call: StepCall) -> StepResult:
