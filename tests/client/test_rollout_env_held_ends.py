@@ -16,18 +16,16 @@ computed here: joints and gripper move halfway to the (clipped) action each step
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import httpx
 import numpy as np
 import pytest
+from ending_toy_world import EndsOnClosedGripper
 from toy_rule import moved
 
 from rollserve.client.rollout_client import RolloutClient, RolloutRequestError
 from rollserve.client.rollout_env import RolloutVectorEnv
-from rollserve.models.world import WorldOutput, WorldStep
-from rollserve.models.worlds import ToyWorld
 from rollserve.server.app import create_app
 from rollserve.server.rollout.service import RolloutService
 from rollserve.server.running import serving
@@ -35,19 +33,6 @@ from rollserve.server.settings import ServerSettings
 
 RETRIES = 2  # a lost batch is 3 lost replies: the first try and both retries
 LOST = [True] * (RETRIES + 1)
-
-
-class EndsOnClosedGripper(ToyWorld):
-    """The toy world, but a step commanding the gripper to 1.0 terminates the episode."""
-
-    def step_batch(self, steps: Sequence[WorldStep]) -> list[WorldOutput | BaseException]:
-        outs = super().step_batch(steps)
-        return [
-            dataclasses.replace(out, terminated=True)
-            if isinstance(out, WorldOutput) and float(np.asarray(step.action)[7]) >= 1.0
-            else out
-            for step, out in zip(steps, outs, strict=True)
-        ]
 
 
 class DropPlanned(httpx.HTTPTransport):

@@ -13,15 +13,15 @@ session answering without frames). Expected values are computed here from the to
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import gymnasium as gym
 import httpx
 import numpy as np
 import pytest
+from ending_toy_world import EndsOnClosedGripper
 from toy_rule import moved
 
 from rollserve.client.rollout_client import (
@@ -36,7 +36,6 @@ from rollserve.client.rollout_env import (
     render_metadata,
     spaces_of,
 )
-from rollserve.models.world import WorldOutput, WorldStep
 from rollserve.models.worlds import ToyWorld
 from rollserve.server.app import create_app
 from rollserve.server.rollout.service import RolloutService
@@ -44,19 +43,6 @@ from rollserve.server.running import serving
 from rollserve.server.settings import ServerSettings
 
 TOY_EPISODE = 50  # ToyWorld.spec.max_episode_steps, as /v1/models publishes it
-
-
-class EndsOnClosedGripper(ToyWorld):
-    """The toy world, but a step commanding the gripper to 1.0 terminates the episode."""
-
-    def step_batch(self, steps: Sequence[WorldStep]) -> list[WorldOutput | BaseException]:
-        outs = super().step_batch(steps)
-        return [
-            dataclasses.replace(out, terminated=True)
-            if isinstance(out, WorldOutput) and float(np.asarray(step.action)[7]) >= 1.0
-            else out
-            for step, out in zip(steps, outs, strict=True)
-        ]
 
 
 @pytest.fixture(scope="module")
