@@ -21,15 +21,11 @@ from collections.abc import Iterator
 import httpx
 import numpy as np
 import pytest
-from ending_toy_world import EndsOnClosedGripper
+from ending_toy_world import go, serving_ending_toy_world
 from toy_rule import moved
 
 from rollserve.client.rollout_client import RolloutClient, RolloutRequestError
 from rollserve.client.rollout_env import RolloutVectorEnv
-from rollserve.server.app import create_app
-from rollserve.server.rollout.service import RolloutService
-from rollserve.server.running import serving
-from rollserve.server.settings import ServerSettings
 
 RETRIES = 2  # a lost batch is 3 lost replies: the first try and both retries
 LOST = [True] * (RETRIES + 1)
@@ -55,13 +51,8 @@ class DropPlanned(httpx.HTTPTransport):
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    settings = ServerSettings(max_batch_wait_ms=0.0)
-    with serving(create_app(settings, rollout=RolloutService(EndsOnClosedGripper(), settings))) as server:
-        yield server.http_url
-
-
-def go(value: float) -> np.ndarray:
-    return np.full(8, value, dtype=np.float32)
+    with serving_ending_toy_world() as served:
+        yield served
 
 
 END = go(1.0)  # joints to 1.0, gripper closed: ends the episode

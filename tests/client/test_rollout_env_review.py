@@ -21,7 +21,7 @@ import gymnasium as gym
 import httpx
 import numpy as np
 import pytest
-from ending_toy_world import EndsOnClosedGripper
+from ending_toy_world import go, serving_ending_toy_world
 from toy_rule import moved
 
 from rollserve.client.rollout_client import (
@@ -47,13 +47,8 @@ TOY_EPISODE = 50  # ToyWorld.spec.max_episode_steps, as /v1/models publishes it
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    settings = ServerSettings(max_batch_wait_ms=0.0)
-    with serving(create_app(settings, rollout=RolloutService(EndsOnClosedGripper(), settings))) as server:
-        yield server.http_url
-
-
-def go(value: float) -> np.ndarray:
-    return np.full(8, value, dtype=np.float32)
+    with serving_ending_toy_world() as served:
+        yield served
 
 
 END = go(1.0)  # gripper fully closed: the episode terminates
