@@ -430,3 +430,17 @@ def test_a_proxy_failure_that_outlasts_the_retries_names_its_status_and_request(
     with pytest.raises(httpx.RemoteProtocolError, match=rf"^upstream answered {status}$") as failed:
         client.status("s")
     assert len(attempts) == 2 and failed.value.request is attempts[-1]
+
+
+def test_a_batch_answered_with_another_number_of_results_is_a_bad_response() -> None:
+    one = {"step_id": 1, "next_observation": OBSERVATION, "model_metadata": {"committed_step_id": 1}}
+    server = _Server(lambda _: _json({"object": "batch_step", "results": [one]}))
+    calls = [rollout_client.StepCall("a", 1, ACTION), rollout_client.StepCall("b", 1, ACTION)]
+    with pytest.raises(RolloutRequestError) as refused:
+        server.client(max_retries=0).batch_step(calls)
+    assert str(refused.value) == "bad_response: the server answered 1 results for 2 items"
+    columns = _Server(lambda _: _json(COLUMNS))  # 3 rows, consistent among themselves
+    with pytest.raises(RolloutRequestError) as refused:
+        columns.client(max_retries=0).batch_step_columns(["a", "b"], [4, 5], np.zeros((2, 8)))
+    assert str(refused.value) == "bad_response: the server answered 3 results for 2 items"
+    assert len(server.client().batch_step(calls[:1])) == 1  # the count that matches is read

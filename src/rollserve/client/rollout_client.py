@@ -337,6 +337,7 @@ class RolloutClient:
         """Many sessions' steps in one request; resending it is safe (committed items replay)."""
         body = {"items": [{"session_id": c.session_id, **_step_body(c)} for c in calls]}
         reply = self._call("POST", "/v1/realtime/batch_step", body)
+        _one_per_item(len(calls), len(reply["results"]))
         out: list[StepResult | RolloutRequestError] = []
         for item in reply["results"]:
             try:
@@ -360,7 +361,9 @@ class RolloutClient:
             "step_ids": [int(step_id) for step_id in step_ids],
             "actions": rows if self.use_msgpack else rows.tolist(),
         }
-        return _column_results(self._call("POST", "/v1/realtime/batch_step/columns", body))
+        payload = self._call("POST", "/v1/realtime/batch_step/columns", body)
+        _one_per_item(len(body["session_ids"]), len(payload["session_ids"]))
+        return _column_results(payload)
 
     # -- plumbing ----------------------------------------------------------------------------------------
     def _check_still_retryable(self, session_id: str, step_id: int) -> None:
@@ -506,6 +509,14 @@ def _step_result(status: int | None, payload: dict[str, Any]) -> StepResult:
         metadata=meta,
         actions=None if nxt.get("actions") is None else np.asarray(_array(nxt["actions"]), dtype=np.float32),
     )
+
+
+def _one_per_item(sent: int, answered: int) -> None:
+    """A batch's answer holds one result per item, in the items' order: one with another count
+    cannot be matched to the steps sent (rollserve never answers so; a proxy or another server
+    might), so it is refused as a whole rather than read row by row."""
+    if answered != sent:
+        raise RolloutRequestError("bad_response", f"the server answered {answered} results for {sent} items")
 
 
 def _column_results(payload: dict[str, Any]) -> ColumnResults:
