@@ -153,8 +153,8 @@ def test_render_metadata_names_the_fps_and_the_first_camera_of_the_session() -> 
 
 
 @BOTH
-def test_an_env_needs_a_url_or_a_client(make: Any) -> None:
-    with pytest.raises(ValueError, match="give base_url or client"):
+def test_an_env_needs_a_url_or_a_client_and_says_so_in_these_words(make: Any) -> None:
+    with pytest.raises(ValueError, match=r"^give base_url or client$"):
         make()
 
 

@@ -210,16 +210,6 @@ def _sent(sessions: list[_Session], calls: list[StepCall], send: Callable[[], T]
     return answer
 
 
-def _plain(call: StepCall) -> bool:
-    """A contextual step of 8 action values and nothing else: what ``batch_step_columns`` carries."""
-    return (
-        call.observation is None
-        and call.use_session_context
-        and call.action is not None
-        and np.size(call.action) == 8  # 7 joint positions, then the gripper
-    )
-
-
 def _answered(sessions: list[_Session]) -> None:
     for session in sessions:
         session.pending = None
@@ -535,7 +525,7 @@ class RolloutVectorEnv(VectorEnv):
         if not calls:
             return []
         sessions = [self._sessions[i] for i in indices]
-        if self._render is None and all(_plain(call) for call in calls):
+        if self._render is None:  # every call is a contextual step of 8 values (``_Session.call``)
             ids, step_ids = [c.session_id for c in calls], [c.step_id for c in calls]
             actions = np.stack([np.asarray(c.action, dtype=np.float32).reshape(-1) for c in calls])
             return _sent(
