@@ -25,16 +25,16 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from chunk_server import serving_chunk_policy
+from scripted_policy_server import CHUNK, Answer, ScriptedServer, scripted
 from tcp_proxies import StallingProxy
 from waiting import wait_until
-from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import ServerConnection, serve
 
 from rollserve.client import PolicyClient, PolicyConnectionError, ServerError, SessionRejected, policy_client
@@ -50,67 +50,12 @@ from rollserve.wire import (
     SessionAck,
     SessionOpen,
     WireLimits,
-    decode_message,
     encode_message,
 )
 from rollserve.wire.messages import Message
 
 STATE = np.arange(6, dtype=np.float32) / 8  # exact in float32: what arrives can be compared as is
-CHUNK = np.zeros((4, 6), np.float32)
 WAIT_S = 10.0  # a bound on waits for the server's side, never a speed check
-
-# What a scripted server does with one message: the frames to send back (it may also close ``ws``).
-Answer = Callable[[Message, ServerConnection], Sequence[bytes | str]]
-
-
-class ScriptedServer:
-    """A websocket server on 127.0.0.1 (websockets' own) that records each message it receives, and
-    each connection's request headers, and answers as ``answer`` says (by default like a policy
-    server: a session accepted at epoch 1, a reset acked one epoch on, a chunk per observation)."""
-
-    def __init__(self, answer: Answer | None = None) -> None:
-        self.answer = answer or self.like_a_policy_server
-        self.received: list[Message] = []
-        self.headers: list[Any] = []
-        self.epoch = 0
-        self.ended = 0  # connections whose handler returned (the client's side closed)
-        self._server = serve(
-            self._handle, "127.0.0.1", 0, max_size=None, compression=None, process_request=self._record
-        )
-        self.url = f"ws://127.0.0.1:{self._server.socket.getsockname()[1]}/v1/policy/ws"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def _record(self, connection: ServerConnection, request: Any) -> None:
-        self.headers.append(request.headers)  # before the handshake's answer: no race with the client
-
-    def _handle(self, ws: ServerConnection) -> None:
-        with contextlib.suppress(ConnectionClosed):
-            for frame in ws:
-                assert isinstance(frame, bytes)
-                msg = decode_message(frame)
-                self.received.append(msg)
-                for reply in self.answer(msg, ws):
-                    ws.send(reply)
-        self.ended += 1
-
-    def like_a_policy_server(self, msg: Message, ws: ServerConnection) -> list[bytes]:
-        if isinstance(msg, SessionOpen):
-            self.epoch = 1
-            return [
-                encode_message(SessionAck(accepted=True, session_id="s-1", session_epoch=1, chunk_size=4))
-            ]
-        if isinstance(msg, ResetMsg):
-            self.epoch += 1
-            return [encode_message(ResetAck(header=msg.header, session_epoch=self.epoch))]
-        if isinstance(msg, ObservationMsg):
-            return [encode_message(ActionChunkMsg(chunk_model=CHUNK, chunk_robot=CHUNK, header=msg.header))]
-        return []
-
-    def of_type(self, kind: type) -> list[Any]:
-        return [m for m in self.received if isinstance(m, kind)]
-
-    def close(self) -> None:
-        self._server.shutdown()
 
 
 @pytest.fixture
@@ -118,15 +63,6 @@ def server() -> Iterator[ScriptedServer]:
     server = ScriptedServer()
     yield server
     server.close()
-
-
-@contextlib.contextmanager
-def _scripted(answer: Answer) -> Iterator[ScriptedServer]:
-    server = ScriptedServer(answer)
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 # -- the errors' fields ------------------------------------------------------------------------------
@@ -150,7 +86,7 @@ def test_an_error_reply_for_the_request_raises_with_all_its_fields() -> None:
         error = ErrorMsg(code="overloaded", message="queue full", seq_id=msg.header.seq_id, retryable=True)
         return [encode_message(error)]
 
-    with _scripted(answer) as server, PolicyClient(server.url) as client:
+    with scripted(answer) as server, PolicyClient(server.url) as client:
         client.open_session()
         with pytest.raises(ServerError) as info:
             client.predict(STATE)
@@ -161,7 +97,7 @@ def test_an_error_reply_for_the_request_raises_with_all_its_fields() -> None:
 
 def test_a_refused_session_carries_the_servers_ack() -> None:
     refusal = SessionAck(accepted=False, reason="state_dim 3 does not match the policy's 6")
-    with _scripted(lambda msg, ws: [encode_message(refusal)]) as server, PolicyClient(server.url) as client:
+    with scripted(lambda msg, ws: [encode_message(refusal)]) as server, PolicyClient(server.url) as client:
         with pytest.raises(SessionRejected) as info:
             client.open_session(state_dim=3)
         assert client.ack is None
@@ -341,7 +277,7 @@ def test_the_largest_message_named_is_of_the_connection_the_server_closed() -> N
             ws.close(1009, "")
         return []
 
-    with _scripted(answer) as server:
+    with scripted(answer) as server:
         client = PolicyClient(server.url).connect()
         client.open_session()
         client.predict(STATE, {"top": np.zeros((64, 64, 3), np.uint8)})
@@ -396,7 +332,7 @@ def test_a_reset_skips_a_stale_ack_and_raises_an_error_meant_for_it() -> None:
             return [encode_message(stale), encode_message(ResetAck(header=msg.header, session_epoch=2))]
         return [encode_message(ErrorMsg(code="inference_error", message="processors failed", seq_id=seq))]
 
-    with _scripted(answer) as server, PolicyClient(server.url) as client:
+    with scripted(answer) as server, PolicyClient(server.url) as client:
         client.open_session()
         assert client.reset().session_epoch == 2
         assert client.session_epoch == 2 and client.dropped_replies == 1
@@ -464,7 +400,7 @@ def test_errors_for_older_requests_are_skipped_and_errors_for_none_are_raised() 
             return [encode_message(late), encode_message(chunk)]
         return [encode_message(ErrorMsg(code="malformed_frame", message="cannot read that frame"))]
 
-    with _scripted(answer) as server, PolicyClient(server.url) as client:
+    with scripted(answer) as server, PolicyClient(server.url) as client:
         client.open_session()
         assert client.predict(STATE).header.seq_id == 1
         assert client.dropped_replies == 1
@@ -502,7 +438,7 @@ def test_a_deadline_passed_while_skipping_late_replies_times_out_and_close_drops
         late = ActionChunkMsg(chunk_model=CHUNK, chunk_robot=CHUNK, header=MsgHeader(seq_id=0))
         return [encode_message(late)]  # and never this request's chunk
 
-    with _scripted(answer) as server:
+    with scripted(answer) as server:
         client = PolicyClient(server.url, timeout=5.0).connect()
         client.open_session()
         monkeypatch.setattr(policy_client, "time", _JumpingClock(60.0, lambda: client.dropped_replies > 0))
@@ -528,7 +464,7 @@ def _closing_on_observations(code: int, reason: str) -> Answer:
 
 
 def test_a_frame_limit_close_without_a_reason_says_so_in_full() -> None:
-    with _scripted(_closing_on_observations(1009, "")) as server:
+    with scripted(_closing_on_observations(1009, "")) as server:
         client = PolicyClient(server.url).connect()
         client.open_session()
         obs = ObservationMsg(state=STATE, header=client.next_header())
@@ -554,7 +490,7 @@ def test_the_close_code_websockets_parsed_is_the_one_used() -> None:
         1056,
         "",
     )  # what the fallback alone would make of it
-    with _scripted(_closing_on_observations(1009, reason)) as server:
+    with scripted(_closing_on_observations(1009, reason)) as server:
         client = PolicyClient(server.url).connect()
         client.open_session()
         with pytest.raises(FrameTooLarge) as info:
@@ -564,7 +500,7 @@ def test_the_close_code_websockets_parsed_is_the_one_used() -> None:
 
 
 def test_a_connection_closed_for_another_reason_is_a_lost_connection_naming_the_url() -> None:
-    with _scripted(_closing_on_observations(1011, "the policy crashed")) as server:
+    with scripted(_closing_on_observations(1011, "the policy crashed")) as server:
         client = PolicyClient(server.url).connect()
         client.open_session()
         with pytest.raises(PolicyConnectionError) as info:
@@ -644,7 +580,7 @@ def test_an_older_servers_text_refusal_raises_a_retryable_unavailable() -> None:
     def answer(msg: Message, ws: ServerConnection) -> list[str]:
         return ["unavailable: 1 connections from one address is the limit"]
 
-    with _scripted(answer) as server, PolicyClient(server.url) as client, pytest.raises(ServerError) as info:
+    with scripted(answer) as server, PolicyClient(server.url) as client, pytest.raises(ServerError) as info:
         client.open_session()
     assert (info.value.code, info.value.message, info.value.retryable) == (
         "unavailable",
@@ -723,7 +659,7 @@ def test_closing_a_connection_the_server_already_closed_is_quiet() -> None:
         gone.set()
         return []
 
-    with _scripted(answer) as server:
+    with scripted(answer) as server:
         client = PolicyClient(server.url).connect()
         client.open_session()
         assert gone.wait(WAIT_S)
@@ -817,7 +753,7 @@ def test_a_send_on_a_connection_the_server_closed_says_why_it_was_lost() -> None
             ws.close(1011, "the policy crashed")
         return []
 
-    with _scripted(answer) as server:
+    with scripted(answer) as server:
         client = PolicyClient(server.url).connect()
         client.open_session()
         ws = client._ws
