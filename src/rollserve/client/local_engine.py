@@ -6,8 +6,6 @@ worker runs for each request, so local and remote runs differ only by the transp
 
 from __future__ import annotations
 
-from typing import Any
-
 from rollserve.client.inference_loop import (
     DEFAULT_RTC,
     ChunkRequest,
@@ -28,7 +26,7 @@ class LocalChunkSource:
         from rollserve.engine.request_path import LocalSession, PolicyRequestPath
 
         self.request_path = PolicyRequestPath(policy, execution_horizon=execution_horizon)
-        self.session = LocalSession(processors=make_processors(policy), task=task)
+        self.session = LocalSession(processors=make_processors(policy))  # the task goes in each request
         self.task = task
 
     def connect(self) -> SourceInfo:
@@ -66,12 +64,9 @@ class LocalInferenceEngine(InferenceEngine):
         config: EngineConfig | None = None,
         *,
         execution_horizon: int | None = None,
-        **source_kwargs: Any,
     ) -> None:
         config = config or EngineConfig()
         if execution_horizon is None and config.rtc is not DEFAULT_RTC:
             execution_horizon = config.rtc.execution_horizon
-        source = LocalChunkSource(
-            policy, execution_horizon=execution_horizon, task=config.task, **source_kwargs
-        )
+        source = LocalChunkSource(policy, execution_horizon=execution_horizon, task=config.task)
         super().__init__(source, config)
