@@ -162,7 +162,6 @@ def start_in_thread(app, host: str = "127.0.0.1", port: int = 0, timeout: float 
     sock = listening_socket(host, port)
     bound_port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn_config(app, host, bound_port))
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="rollserve-uvicorn", daemon=True
     )
