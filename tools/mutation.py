@@ -273,6 +273,82 @@ MODULES: dict[str, CoreModule] = {
         ),
         fork_server=True,  # the servers these tests start load torch worlds
     ),
+    "policy_routes": CoreModule(
+        ("src/rollserve/server/policy/routes.py",),
+        (
+            "tests/server/test_policy_routes.py",
+            "tests/server/test_policy_openpi.py",
+            "tests/server/test_policy_hostile.py",
+            "tests/server/test_policy_connection_refusals.py",
+            "tests/server/test_policy_connection_order.py",
+            "tests/server/test_wire_errors_over_socket.py",
+            "tests/server/test_policy_inflight_replacement.py",
+            "tests/server/test_policy_connections_review.py",
+            "tests/server/test_refusal_penalty.py",  # a connection's refusal streak (`_Refusals`)
+            "tests/server/test_policy_routes_review.py",
+        ),
+        fork_server=True,  # the routes' tests load a torch policy
+    ),
+    "rollout_routes": CoreModule(
+        ("src/rollserve/server/rollout/routes.py", "src/rollserve/server/rollout/batch_peek.py"),
+        (
+            "tests/server/test_rollout_routes.py",
+            "tests/server/test_rollout_status_codes.py",
+            "tests/server/test_rollout_review_bodies.py",
+            "tests/server/test_rollout_bodyless_routes.py",
+            "tests/server/test_rollout_fast_paths.py",
+            "tests/server/test_rollout_validation_messages.py",
+            "tests/server/test_rollout_hostile.py",
+            "tests/server/test_rollout_step_id_echo.py",
+            "tests/server/test_rollout_batch_columns.py",
+            "tests/server/test_rollout_batch_item_validation.py",
+            "tests/server/test_batch_peek.py",
+            "tests/client/test_rollout_typed_server_errors.py",
+            "tests/server/test_rollout_routes_review.py",  # a server per test: the closures' slips
+        ),
+        fork_server=True,  # test_rollout_fast_paths.py imports torch
+    ),
+    "remote_engine": CoreModule(
+        ("src/rollserve/client/remote_engine.py",),
+        (
+            "tests/client/test_inference_engine.py",
+            "tests/client/test_engine_reset_retry.py",
+            "tests/client/test_engine_restart.py",
+            "tests/client/test_remote_engine_failures.py",
+            "tests/client/test_remote_engine_jpeg_requirement.py",
+            "tests/client/test_engine_backoff_and_frame_limit.py",
+            "tests/client/test_policy_client_send_timeout.py",
+            "tests/client/test_remote_engine_review.py",
+        ),
+        fork_server=True,  # the servers these tests start load a torch policy
+    ),
+    "local_engine": CoreModule(
+        ("src/rollserve/client/local_engine.py",),
+        (
+            "tests/client/test_inference_engine.py",
+            "tests/client/test_inference_engine_health_and_horizon.py",
+            "tests/client/test_inference_loop_review.py",
+            "tests/test_golden_parity.py",
+            "tests/client/test_local_engine_review.py",
+        ),
+        fork_server=True,  # the in-process policy is a torch module
+    ),
+    "metrics": CoreModule(("src/rollserve/server/metrics.py",), ("tests/server/test_metrics.py",)),
+    "running": CoreModule(
+        ("src/rollserve/server/running.py",),
+        (
+            "tests/server/test_running.py",
+            "tests/server/test_event_loop.py",
+            "tests/server/test_launch_review.py",
+            "tests/test_cli_validation.py",
+            "tests/server/test_running_review.py",
+        ),
+        fork_server=True,  # the served apps load torch models
+    ),
+    "log_guard": CoreModule(
+        ("src/rollserve/server/log_guard.py",),
+        ("tests/server/test_connection_guards.py", "tests/server/test_log_guard.py"),
+    ),
     "guidance": CoreModule(
         ("src/rollserve/models/flow_sampling.py",),
         ("tests/models/test_flow_guidance.py", "tests/models/test_guidance_settings.py"),
