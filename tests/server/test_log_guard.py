@@ -130,6 +130,9 @@ def handlers() -> Iterator[dict[str, logging.Handler]]:
     finally:
         for name, handler in added.items():
             logging.getLogger(name).removeHandler(handler)
+        for name in names:  # and off pytest's own handlers, which would rate-limit later tests' logs
+            for handler in logging.getLogger(name).handlers:
+                handler.removeFilter(log_guard._FILTER)
 
 
 def test_the_guard_filters_the_handlers_of_the_servers_loggers_once(
