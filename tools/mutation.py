@@ -345,6 +345,23 @@ MODULES: dict[str, CoreModule] = {
         ),
         fork_server=True,  # the served apps load torch models
     ),
+    # `rollserve serve`'s flags and what they build. The subprocess tests of test_policy_launch.py
+    # cannot be traced, its in-process ones (a bad spec, --policy-arg) are; test_world_action.py left
+    # after the first run: its in-process checks are in the review file, and its one `main` call
+    # started a 4 s subprocess for each mutant of `main`
+    "launch": CoreModule(
+        ("src/rollserve/server/launch.py",),
+        (
+            "tests/server/test_launch_review.py",
+            "tests/test_cli_validation.py",
+            "tests/server/test_serve_trained_world.py",
+            "tests/server/test_policy_launch.py",
+            "tests/adapters/test_lerobot_loading.py",
+            "tests/scale/test_ray_proxy_flags.py",
+            "tests/server/test_launch_module_review.py",  # main in-process, a server per test
+        ),
+        fork_server=True,  # the served worlds and policies load torch
+    ),
     "log_guard": CoreModule(
         ("src/rollserve/server/log_guard.py",),
         ("tests/server/test_connection_guards.py", "tests/server/test_log_guard.py"),
@@ -353,6 +370,33 @@ MODULES: dict[str, CoreModule] = {
         ("src/rollserve/models/flow_sampling.py",),
         ("tests/models/test_flow_guidance.py", "tests/models/test_guidance_settings.py"),
         fork_server=True,
+    ),
+    # The unit tests map observations by hand; the socket tests drive the real openpi client (and
+    # raw openpi frames) against a served ChunkPolicy (numpy only: no torch, no fork server).
+    "openpi_layouts": CoreModule(
+        ("src/rollserve/server/policy/openpi_layouts.py",),
+        (
+            "tests/server/test_policy_layouts.py",
+            "tests/server/test_openpi_image_rules.py",
+            "tests/server/test_policy_openpi.py",
+            "tests/server/test_empty_images_over_socket.py",
+            "tests/server/test_openpi_layouts_review.py",
+        ),
+    ),
+    # World-action models and the simulator world; test_rollout_frames.py is the only test of the
+    # sim world's frames over HTTP (the acting tests render too, but compare actions, not pixels).
+    "worlds_acting": CoreModule(
+        ("src/rollserve/models/world_action.py", "src/rollserve/models/sim_world.py"),
+        (
+            "tests/models/test_sim_world.py",
+            "tests/models/test_world_action_state.py",
+            "tests/server/test_world_action.py",
+            "tests/server/test_world_action_batching.py",
+            "tests/server/test_world_action_inputs.py",
+            "tests/server/test_rollout_frames.py",
+            "tests/models/test_worlds_acting_review.py",
+        ),
+        fork_server=True,  # the reference policy, the learned and video worlds are torch
     ),
 }
 

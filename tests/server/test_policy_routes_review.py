@@ -459,6 +459,26 @@ def test_an_unexpected_openpi_failure_is_an_internal_error_logged_with_its_trace
     assert record.exc_info is not None and str(record.exc_info[1]) == "a bug in the server"
 
 
+def test_an_openpi_client_that_leaves_ends_its_connection_without_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A client that asks, reads its answer and leaves is the common case: the connection's end
+    (no read left pending) raises nothing, so uvicorn logs no "Exception in ASGI application"."""
+    uvicorn_errors = logging.getLogger("uvicorn.error")  # uvicorn's own: it does not reach the root
+    with caplog.at_level(logging.ERROR), _server() as (service, server):
+        uvicorn_errors.addHandler(caplog.handler)  # after the start: uvicorn's log setup resets it
+        try:
+            with _connect(server, "") as ws:
+                _metadata(ws)
+                ws.send(msgpack_numpy.packb({"state": STATE}))
+                assert "actions" in msgpack_numpy.unpackb(ws.recv(timeout=RECV_S))
+            _wait_until(lambda: len(service.sessions) == 0)
+        finally:
+            server.stop()  # every connection's handler has ended, and logged whatever it did
+            uvicorn_errors.removeHandler(caplog.handler)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
 # -- admission ---------------------------------------------------------------------------------------
 
 
@@ -569,6 +589,19 @@ def test_raw_cameras_in_a_session_frame_are_only_viewed_so_it_is_decoded_on_the_
         assert len(frame) > 6 * MIB and int.from_bytes(frame[4:8], "little") < 1024
         assert isinstance(_ask(ws, frame), ActionChunkMsg)
         assert hand_offs == []
+
+
+@pytest.mark.parametrize("task", ["pick", "jpeg"], ids=["on the loop", "on a thread"])
+def test_a_frame_is_decoded_within_the_servers_own_limits_wherever_it_is_decoded(
+    task: str, hand_offs: list[Any]
+) -> None:
+    """Limits set for the server bound the decoder itself, not only what is checked after it: a
+    small frame, decoded on the loop, and one whose task is the string "jpeg", sent to a thread."""
+    with _server(limits=WireLimits(max_objects=4)) as (_, server), _connect(server) as ws:
+        reply = _ask(ws, encode_message(SessionOpen(state_dim=6, task=task)))
+    assert isinstance(reply, ErrorMsg) and reply.code == "too_many_objects", reply
+    assert reply.message.startswith("more than 4 values or ")
+    assert hand_offs == ([] if task == "pick" else [decode_message])
 
 
 def test_a_session_frame_with_a_jpeg_is_decoded_on_a_thread_however_small(hand_offs: list[Any]) -> None:

@@ -160,8 +160,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     limits.add_argument(
         "--refusal-delay-ms", type=non_negative_float, default=1.0,
-        help="a connection's k-th refused input in a row waits min(max, this * 2^(k-1)) ms before its "
-        "reply (REST) or its next message is read (websockets); an accepted request resets it; 0: off",
+        help="a refused input that brings a connection's refusal count to k waits min(max, this * 2^(k-1)) "
+        "ms before its reply (REST) or its next message is read (websockets); an accepted request "
+        "halves the count; 0: off",
     )  # fmt: skip
     limits.add_argument(
         "--refusal-delay-max-ms",

@@ -39,10 +39,11 @@ class ServerSettings:
     max_header_bytes: int = 64 * 1024
     keep_alive_timeout_s: float = 5.0  # idle keep-alive connections are closed after this
     max_connections: int = 2048  # open connections and tasks; above it, new requests get 503
-    # "auto": uvloop where it is installed (a server dependency), else asyncio's; or either by name
+    # "auto": uvloop where it is installed (not a dependency), else asyncio's; or either by name
     event_loop: str = "auto"
-    # a connection's k-th refused input in a row is answered (REST) or its next message read
-    # (websockets) after min(refusal_delay_max_ms, refusal_delay_ms * 2**(k-1)); 0 turns it off
+    # a refused input that brings its connection's refusal count to k is answered (REST) or its next
+    # message read (websockets) after min(refusal_delay_max_ms, refusal_delay_ms * 2**(k-1)); an
+    # accepted input halves the count; 0 turns it off
     refusal_delay_ms: float = 1.0
     refusal_delay_max_ms: float = 100.0
     # inputs of connections with a refusal streak handled at once (per transport); 0: no limit
