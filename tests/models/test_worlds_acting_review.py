@@ -177,6 +177,21 @@ def test_execute_at_either_end_is_accepted_and_plays_that_many(execute: int) -> 
     np.testing.assert_array_equal(np.stack(played), np.concatenate([rows, rows]))
 
 
+def test_a_chunk_shorter_than_execute_is_played_whole_then_the_policy_is_asked_again() -> None:
+    policy = ScriptedPolicy(chunk_size=8, answer=lambda batch: model_chunk(3))  # 3 rows, not 8
+    world = ActingWorld(ToyWorld(), policy, execute=6)
+    state = start(world, 2).state
+    played, calls = [], []
+    for _ in range(4):
+        (out,) = world.step_batch([WorldStep(state, None)])
+        played.append(out.action)
+        calls.append(len(policy.batches))
+        state = out.state
+    assert calls == [1, 1, 1, 2]
+    rows = to_robot(model_chunk(3))
+    np.testing.assert_array_equal(np.stack(played), np.concatenate([rows, rows[:1]]))
+
+
 def test_the_default_plays_eight_actions_per_chunk() -> None:
     policy = ScriptedPolicy(chunk_size=10)
     world = ActingWorld(ToyWorld(), policy)
@@ -353,8 +368,9 @@ def test_the_wrapped_worlds_failure_fails_its_item_alone() -> None:
         (lambda batch: np.where(np.eye(4, 8) > 0, -np.inf, model_chunk(4)), "(2, 8)"),
         (lambda batch: model_chunk(4)[None], "(1, 4, 8)"),
         (lambda batch: np.where(np.eye(4, 8) > 0, 1e300, model_chunk(4).astype(np.float64)), "(2, 8)"),
+        (lambda batch: model_chunk(4)[:0], "(0, 8)"),
     ],
-    ids=["7-actions", "1-d", "nan", "inf", "3-d", "float32-overflow"],
+    ids=["7-actions", "1-d", "nan", "inf", "3-d", "float32-overflow", "no-actions"],
 )
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # 1e300 as float32
 def test_an_unusable_chunk_fails_its_own_item_with_its_shape(answer, shape: str) -> None:

@@ -148,7 +148,8 @@ class ActingWorld:
             batch["seed"] = seed_of(observation)  # from the state alone, never the prompt or images
             chunk = self.policy.predict_action_chunk(batch)
             robot = np.asarray(self._processors.post(np.asarray(chunk)), dtype=np.float32)[: self.execute]
-            if robot.ndim != 2 or robot.shape[1] != self.spec.action_dim or not np.all(np.isfinite(robot)):
+            usable = robot.ndim == 2 and len(robot) and robot.shape[1] == self.spec.action_dim
+            if not usable or not np.all(np.isfinite(robot)):  # an empty chunk would fail the batch
                 raise ValueError(f"policy returned an unusable chunk of shape {robot.shape}")
             return _frozen(robot)
         except Exception as exc:
