@@ -83,6 +83,21 @@ MODULES: dict[str, CoreModule] = {
         # a start-state test loads the video world: forked after torch ran, a mutant's run hung in torch
         fork_server=True,
     ),
+    # The replicas' shared session store and its table, without Ray: replicas are RolloutService
+    # instances in one process over one SessionTable (test_ray_table.py needs Ray: left out)
+    "shared_store": CoreModule(
+        ("src/rollserve/scale/store.py", "src/rollserve/scale/table.py"),
+        (
+            "tests/scale/test_shared_store.py",
+            "tests/scale/test_shared_store_forks.py",
+            "tests/scale/test_shared_store_review.py",
+        ),
+    ),
+    # The deployment's /metrics: the replicas' reports merged (test_ray_serve.py needs Ray: left out)
+    "scale_metrics": CoreModule(
+        ("src/rollserve/scale/metrics.py",),
+        ("tests/scale/test_merged_metrics.py", "tests/scale/test_scale_metrics_review.py"),
+    ),
     "auth": CoreModule(("src/rollserve/server/auth.py",), ("tests/server/test_auth.py",)),
     "penalty": CoreModule(
         ("src/rollserve/server/penalty.py",),
@@ -397,6 +412,44 @@ MODULES: dict[str, CoreModule] = {
             "tests/models/test_worlds_acting_review.py",
         ),
         fork_server=True,  # the reference policy, the learned and video worlds are torch
+    ),
+    # The checkpoint files users load: the shipped flow policy's (`serve`, the demo), the worlds'
+    # nets' and the normalisation statistics. test_flow_weights.py calls none of them: left out.
+    "checkpoints": CoreModule(
+        (
+            "src/rollserve/models/checkpoint.py",
+            "src/rollserve/models/net_checkpoint.py",
+            "src/rollserve/models/flow_stats.py",
+        ),
+        (
+            "tests/models/test_flow_checkpoint.py",
+            "tests/models/test_flow_policy.py",
+            "tests/models/test_world_checkpoint_checks.py",
+            "tests/models/test_flow_guidance.py",
+            "tests/models/test_guidance_settings.py",
+            "tests/training/test_policy_training.py",
+            "tests/training/test_world_training_review.py",
+            "tests/models/test_checkpoints_review.py",
+        ),
+        fork_server=True,  # the policies and worlds loaded are torch
+    ),
+    # How `serve --policy SPEC` and `--world NAME|module.path:factory` load what they serve (and the
+    # toy world, which lives in worlds.py). test_policy_launch.py's subprocess tests are not traced.
+    "loading": CoreModule(
+        ("src/rollserve/models/loading.py", "src/rollserve/models/worlds.py"),
+        (
+            "tests/server/test_policy_loading.py",
+            "tests/models/test_world_protocol.py",
+            "tests/server/test_serve_trained_world.py",
+            "tests/adapters/test_lerobot_loading.py",
+            "tests/server/test_policy_launch.py",
+            "tests/test_cli_validation.py",
+            "tests/server/test_launch_review.py",
+            "tests/server/test_launch_module_review.py",
+            "tests/server/test_rollout_start_state_exact.py",
+            "tests/models/test_loading_review.py",
+        ),
+        fork_server=True,  # the learned and video worlds and the served policies load torch
     ),
 }
 

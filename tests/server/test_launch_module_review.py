@@ -635,6 +635,11 @@ HELP: dict[str, tuple[str | None, tuple[str, ...] | None, str | None]] = {
     "--max-body-mb": (None, None, "largest REST body, in MiB"),
     "--max-json-values": (None, None, "most values in one JSON body (msgpack: no limit)"),
     "--rollout-ttl-s": (None, None, "a rollout session idle this long expires"),
+    "--max-rollout-sessions": (
+        None,
+        None,
+        "most open rollout sessions (with --ray: of the whole deployment)",
+    ),
     "--header-timeout-s": (
         None,
         None,
@@ -672,26 +677,21 @@ HELP: dict[str, tuple[str | None, tuple[str, ...] | None, str | None]] = {
         ("auto", "uvloop", "asyncio"),
         "the event loop (auto: uvloop where it is installed, else asyncio's own)",
     ),
-    "--log-level": (None, ("debug", "info", "warning", "error"), None),
+    "--log-level": (None, ("debug", "info", "warning", "error"), "how much the server logs (default: info)"),
     "--ray": (None, None, "serve replicas of the app behind Ray Serve's proxy"),
     "--replicas": (None, None, "how many replicas (with --ray)"),
     "--ray-address": (None, None, "join this Ray cluster (e.g. 'auto'); default: start a local one"),
     "--replica-cpus": (None, None, "CPUs per replica (with --ray)"),
     "--replica-gpus": (None, None, "GPUs per replica (with --ray)"),
-    "--max-rollout-sessions": (
-        None,
-        None,
-        "most open rollout sessions (with --ray: of the whole deployment)",
-    ),
 }
 GROUPS = {
     "limits against hostile or sloppy clients (docs/protocol.md, docs/rollout.md)": [
         "--idle-timeout-s", "--max-connections-per-client", "--max-body-mb", "--max-json-values",
-        "--rollout-ttl-s", "--header-timeout-s", "--keep-alive-s", "--max-connections",
-        "--refusal-delay-ms", "--refusal-delay-max-ms", "--refused-lanes",
+        "--rollout-ttl-s", "--max-rollout-sessions", "--header-timeout-s", "--keep-alive-s",
+        "--max-connections", "--refusal-delay-ms", "--refusal-delay-max-ms", "--refused-lanes",
     ],
     'scale-out on Ray Serve (pip install "rollserve[ray]"; docs/scale-out.md)': [
-        "--ray", "--replicas", "--ray-address", "--replica-cpus", "--replica-gpus", "--max-rollout-sessions",
+        "--ray", "--replicas", "--ray-address", "--replica-cpus", "--replica-gpus",
     ],
 }  # fmt: skip
 

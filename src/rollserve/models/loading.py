@@ -28,7 +28,11 @@ def import_spec_module(spec: str, module_path: str, kind: str, error: type[Value
     try:
         return importlib.import_module(module_path)
     except ModuleNotFoundError as exc:
-        if exc.name and (module_path == exc.name or module_path.startswith(exc.name + ".")):
+        if exc.name is None:  # raised by the module itself, naming no module: shown as raised, below
+            raise error(
+                f"{kind} spec {spec!r}: importing {module_path!r} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        if module_path == exc.name or module_path.startswith(exc.name + "."):
             raise error(f"{kind} spec {spec!r}: no module named {module_path!r}") from None
         raise error(
             f"{kind} spec {spec!r}: module {module_path!r} needs {exc.name!r}, which is not installed"

@@ -138,6 +138,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rollout-ttl-s", type=positive_float, default=600.0, help="a rollout session idle this long expires"
     )
     limits.add_argument(
+        "--max-rollout-sessions", type=positive_int, default=256,
+        help="most open rollout sessions (with --ray: of the whole deployment)",
+    )  # fmt: skip
+    limits.add_argument(
         "--header-timeout-s",
         type=positive_float,
         default=10.0,
@@ -179,7 +183,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--loop", choices=EVENT_LOOPS, default="auto",
         help="the event loop (auto: uvloop where it is installed, else asyncio's own)",
     )  # fmt: skip
-    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument(
+        "--log-level", default="info", choices=("debug", "info", "warning", "error"),
+        help="how much the server logs (default: info)",
+    )  # fmt: skip
     scale = parser.add_argument_group(
         'scale-out on Ray Serve (pip install "rollserve[ray]"; docs/scale-out.md)'
     )
@@ -196,10 +203,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scale.add_argument(
         "--replica-gpus", type=non_negative_float, default=0.0, help="GPUs per replica (with --ray)"
     )
-    scale.add_argument(
-        "--max-rollout-sessions", type=positive_int, default=256,
-        help="most open rollout sessions (with --ray: of the whole deployment)",
-    )  # fmt: skip
 
 
 def parse_policy_args(items: list[str], flag: str = "--policy-arg") -> dict[str, Any]:
