@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from toy_rule import moved
 
 from rollserve.models.learned_world import LearnedWorld
 from rollserve.models.learned_world import default_checkpoint_dir as learned_dir
@@ -32,7 +33,6 @@ from rollserve.models.worlds import (
     load_world,
     world_builder,
 )
-from tests.toy_rule import moved
 
 SIMPLE = "rollserve.models.simple_policies"
 TOY = "rollserve.models.worlds:ToyWorld"
