@@ -25,6 +25,7 @@ from rollserve.server.metrics import METRICS
 from rollserve.server.penalty import RefusalPenalty, RefusalStreak
 from rollserve.server.rollout import routes
 from rollserve.server.rollout.batch_peek import declared_items
+from rollserve.server.rollout.protocol import SessionStatusResponse
 from rollserve.server.rollout.service import RolloutService
 from rollserve.server.running import serving
 from rollserve.server.settings import ServerSettings
@@ -464,6 +465,31 @@ def test_a_bug_is_an_internal_error_without_its_text(mode: str, caplog: pytest.L
         logged = [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records]
         assert ("ERROR", "rollout route status failed", True) in logged
         assert ("ERROR", f"looking up session {sid} for an error body failed", True) in logged
+
+
+class ServiceBuildingABadModel(RolloutService):
+    """A bug in the service that pydantic catches: a model built from the server's own wrong data."""
+
+    async def get_status(self, session_id: str):  # type: ignore[no-untyped-def]
+        return SessionStatusResponse.model_validate({"session_id": session_id, "status": 7})
+
+
+@pytest.mark.parametrize(("mode", "code"), [("vllm-omni", 500), ("strict", "internal_error")])
+def test_a_validation_error_of_the_servers_own_making_is_an_internal_error(mode: str, code: object) -> None:
+    """Only the request's own validation is the client's fault (``invalid_request``); a model the
+    service fails to build is a bug, answered 500 without pydantic's text (which names its fields)."""
+    settings = ServerSettings(max_batch_wait_ms=0.0, rollout_status_codes=mode)
+    service = ServiceBuildingABadModel(ToyWorld(), settings)
+    with (
+        serving(create_app(settings, rollout=service)) as running,
+        httpx.Client(base_url=running.http_url) as http,
+    ):
+        sid = create(http)
+        resp = http.get(f"{SESSIONS}/{sid}/status")
+        assert resp.status_code == 500
+        error = resp.json()["error"]
+        assert (error["code"], error["message"]) == (code, "internal server error")
+        assert "validation" not in resp.text.lower() and "status" not in error["message"]
 
 
 @pytest.mark.parametrize(("bad", "more"), [(1, ""), (5, ""), (6, " (and 1 more)")])

@@ -161,10 +161,8 @@ def build_rollout_router(service: RolloutService, settings: ServerSettings) -> R
             else:
                 parsed, body = parse(data, media, body_model, route)
             result = await call(body, raw)
-        except _Refused as exc:
+        except _Refused as exc:  # the request's own validation, the only client fault pydantic finds
             parsed, error = exc.parsed, _as_rollout_error(exc.error)
-        except ValidationError as exc:
-            error = RolloutError("invalid_request", _validation_message(exc))
         except RolloutError as exc:
             error = exc
         except ClientDisconnect:  # the client left mid-body: no answer can reach it, nothing failed
