@@ -10,6 +10,7 @@ import importlib.abc
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -365,6 +366,15 @@ def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture) -> None:
 def test_help_still_exits_zero(capsys: pytest.CaptureFixture) -> None:
     code, _ = _run(["--help"], capsys)
     assert code == 0
+
+
+def test_version_is_the_packages(capsys: pytest.CaptureFixture) -> None:
+    """``rollserve --version`` says the version pyproject.toml gives, and exits 0."""
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"rollserve {project['version']}\n"
 
 
 # -- train world: seeds and frame sizes -----------------------------------------------------------

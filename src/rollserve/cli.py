@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from rollserve import __version__
+
 T = TypeVar("T")
 
 # name -> (module exposing add_arguments(parser) and main(args) -> int, one-line help)
@@ -159,6 +161,7 @@ def _top_level_parser() -> argparse.ArgumentParser:
         epilog="commands:\n" + "\n".join(f"  {name:<10}{text}" for name, (_, text) in COMMANDS.items()),
     )
     parser.add_argument("command", choices=sorted(COMMANDS), help="what to run")
+    parser.add_argument("--version", action="version", version=f"rollserve {__version__}")
     return parser
 
 
