@@ -69,8 +69,9 @@ class Processors:
     post: Callable[[np.ndarray], np.ndarray] = field(default=_identity)
 
 
+# Not mutated: mutmut would add its own members to the stubs, which isinstance() then requires.
 @runtime_checkable
-class Policy(Protocol):
+class Policy(Protocol):  # pragma: no mutate block
     """A chunking policy. ``predict_action_chunk`` returns a float32 ``(chunk_size, action_dim)``
     model-space chunk. With RTC, ``prev_chunk_left_over`` is the ``(execution_horizon, action_dim)``
     model-space prefix and ``inference_delay`` the number of its actions that will already have
@@ -88,7 +89,7 @@ class Policy(Protocol):
 
 
 @runtime_checkable
-class BatchedPolicy(Policy, Protocol):
+class BatchedPolicy(Policy, Protocol):  # pragma: no mutate block
     """A policy that serves many sessions' requests in one call (``metadata.supports_batching``)."""
 
     def predict_action_chunks(self, requests: list[PolicyRequest]) -> list[np.ndarray]: ...

@@ -43,7 +43,7 @@ class ChunkPolicy(SingleAsBatchOfOne):
         self,
         *,
         state_dim: int = 6,
-        action_dim: int = 6,
+        action_dim: int | None = None,
         chunk_size: int = 20,
         execution_horizon: int = 10,
         camera_names: Sequence[str] = (),
@@ -55,7 +55,7 @@ class ChunkPolicy(SingleAsBatchOfOne):
         record_calls: bool = False,
         seed: int = 0,
     ) -> None:
-        names = tuple(action_names) if action_names else tuple(f"a{i}" for i in range(action_dim))
+        names = _action_names(action_names, action_dim)
         self.metadata = PolicyMetadata(
             name=name,
             action_names=names,
@@ -206,6 +206,17 @@ class WideMLPPolicy(SingleAsBatchOfOne):
             out = self.net(torch.from_numpy(inputs).to(self.device)).float().cpu().numpy()
         out = out.reshape(len(requests), meta.chunk_size, meta.action_dim)
         return [np.ascontiguousarray(chunk) for chunk in out]
+
+
+def _action_names(names: Sequence[str] | None, action_dim: int | None) -> tuple[str, ...]:
+    """The chunk policy's action names: those given, else ``a0..`` for ``action_dim`` (6 by
+    default). Both given must agree: a silently ignored ``--policy-arg action_dim`` would serve
+    chunks of another width than the one asked for."""
+    if not names:
+        return tuple(f"a{i}" for i in range(6 if action_dim is None else action_dim))
+    if action_dim is not None and action_dim != len(names):
+        raise ValueError(f"action_dim={action_dim} disagrees with the {len(names)} action_names given")
+    return tuple(names)
 
 
 def chunk_policy(**kwargs: Any) -> ChunkPolicy:
