@@ -171,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         _top_level_parser().print_help(sys.stderr)
         return 2
     if argv[0] not in COMMANDS:
-        _top_level_parser().parse_args(argv)  # --help, or an unknown command (exits 2)
-        return 2
+        parser = _top_level_parser()
+        args = parser.parse_args(argv)  # --help, --version, or an unknown command: exits
+        parser.error(f"the command comes first: rollserve {args.command} ...")  # e.g. `rollserve -- serve`
     name, rest = argv[0], argv[1:]
     module_path, help_text = COMMANDS[name]
     module = importlib.import_module(module_path)
