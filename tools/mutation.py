@@ -451,6 +451,76 @@ MODULES: dict[str, CoreModule] = {
         ),
         fork_server=True,  # the learned and video worlds and the served policies load torch
     ),
+    # The policies rollserve ships: the policy protocol, the flow-matching reference policy and
+    # its net, the simple numpy policies, and the errors a policy raises.
+    "policies": CoreModule(
+        (
+            "src/rollserve/models/policy.py",
+            "src/rollserve/models/flow_policy.py",
+            "src/rollserve/models/flow_net.py",
+            "src/rollserve/models/simple_policies.py",
+            "src/rollserve/engine/policy_errors.py",
+        ),
+        (
+            "tests/models/test_flow_policy.py",
+            "tests/models/test_flow_guidance.py",
+            "tests/models/test_flow_checkpoint.py",
+            "tests/models/test_guidance_settings.py",
+            "tests/models/test_checkpoints_review.py",
+            "tests/server/test_policy_loading.py",
+            "tests/test_golden_parity.py",
+            "tests/models/test_policies_review.py",
+        ),
+        fork_server=True,  # the flow policy is torch
+    ),
+    # The MuJoCo task: the scene, the task's rules, the gymnasium env, the expert, the snapshots.
+    "sim": CoreModule(
+        (
+            "src/rollserve/sim/env.py",
+            "src/rollserve/sim/task.py",
+            "src/rollserve/sim/scene.py",
+            "src/rollserve/sim/expert.py",
+            "src/rollserve/sim/kinematics.py",
+            "src/rollserve/sim/layout.py",
+            "src/rollserve/sim/snapshot.py",
+            "src/rollserve/sim/rendering.py",
+        ),
+        (
+            "tests/sim/test_sim_env.py",
+            "tests/sim/test_sim_expert.py",
+            "tests/sim/test_sim_snapshot.py",
+            "tests/models/test_sim_world.py",
+            "tests/sim/test_sim_review.py",
+        ),
+        # no fork server: no torch here, and a forked child renders through the parent's EGL
+        # (Mesa llvmpipe, LP_NUM_THREADS=0) as well as the parent does
+    ),
+    # What the demo measures and how it paces the robots (the numbers README's results come from).
+    "demo": CoreModule(
+        (
+            "src/rollserve/demo/metrics.py",
+            "src/rollserve/demo/simtime.py",
+            "src/rollserve/demo/strategies.py",
+            "src/rollserve/demo/netdelay.py",
+        ),
+        (
+            "tests/demo/test_demo_metrics.py",
+            "tests/demo/test_demo_strategies.py",
+            "tests/demo/test_demo_netdelay.py",
+            "tests/demo/test_demo_review.py",
+        ),
+    ),
+    # `rollserve` itself: the dispatcher and the argparse types every subcommand shares
+    # (server/settings.py is left out: a dataclass without functions, mutmut makes no mutants of it).
+    "cli": CoreModule(
+        ("src/rollserve/cli.py",),
+        (
+            "tests/test_cli_validation.py",
+            "tests/training/test_policy_cli_flags.py",
+            "tests/test_cli_review.py",
+        ),
+        fork_server=True,  # test_cli_validation.py trains a world and builds a video world's net (torch)
+    ),
 }
 
 STATUS_LINE = re.compile(r"^\s+(\S+): (.+)$")

@@ -31,7 +31,7 @@ class TaskConfig:
     success_radius: float = 0.04
     """Cube centre within this xy distance of the target centre."""
     rest_tolerance: float = 0.01
-    """Cube centre at most this far above its resting height: put down, not held over the target."""
+    """Cube centre less than this far above its resting height: put down, not held over the target."""
 
     def sample(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """Cube xy and target xy for one episode."""
