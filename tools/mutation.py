@@ -521,6 +521,31 @@ MODULES: dict[str, CoreModule] = {
         ),
         fork_server=True,  # test_cli_validation.py trains a world and builds a video world's net (torch)
     ),
+    # `rollserve train world [--video]`: the learned and video world models' training (policy.py,
+    # policy_eval.py and training/cli.py not yet). Every test here is in process with tiny configs.
+    "training": CoreModule(
+        ("src/rollserve/training/world_model.py", "src/rollserve/training/video_world_model.py"),
+        (
+            "tests/training/test_world_training_review.py",
+            "tests/training/test_video_episodes_cache.py",
+            "tests/models/test_learned_world.py",
+            "tests/test_cli_validation.py",
+            "tests/training/test_training_review.py",
+        ),
+        fork_server=True,  # torch
+    ),
+    # `rollserve dataset` (recording, the .npz format, loading) and the evaluation loop; no torch.
+    "sim_data": CoreModule(
+        ("src/rollserve/sim/dataset.py", "src/rollserve/sim/evaluate.py"),
+        (
+            "tests/sim/test_sim_dataset.py",
+            "tests/sim/test_dataset_arguments.py",
+            "tests/sim/test_sim_expert.py",
+            "tests/sim/test_sim_data_review.py",
+        ),
+        # its 96x96 images test takes 4 s per mutant; the review file records small images instead
+        ("-k", "not test_images_are_recorded_per_frame"),
+    ),
 }
 
 STATUS_LINE = re.compile(r"^\s+(\S+): (.+)$")
