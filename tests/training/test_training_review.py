@@ -203,7 +203,9 @@ def test_the_world_checkpoint_records_how_it_was_trained(
         "unroll_iterations": 1,
         "noise_levels": [0.0, 0.01],
         "iterations": 2,
+        "batch": 2,
         "seed": 3,
+        "threads": 1,
     }
     assert evaluation["episodes"] == 1 and list(evaluation["horizon_steps"]) == ["1"]
     text = capsys.readouterr().out

@@ -330,7 +330,9 @@ def main(args: argparse.Namespace) -> int:
         "unroll_iterations": args.unroll_iterations,
         "noise_levels": list(args.noise),
         "iterations": args.iterations,
+        "batch": args.batch,
         "seed": args.seed,
+        "threads": args.threads,
     }
     net.config = replace(config, training={**training, "seconds": round(time.perf_counter() - started, 1)})
     out = save_world_model(net, out_dir)  # before the report: a failing report loses no training
