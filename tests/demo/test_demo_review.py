@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import json
 import logging
 import math
@@ -409,13 +410,7 @@ def sim_robot(name: str, delay: int, *, margin: int = 4, ticks: int = 40, **kwar
 
 def runs_of(chunk_ids: list[int | None]) -> list[tuple[int | None, int]]:
     """Run-length encoding: [(id, length), ...]."""
-    out: list[tuple[int | None, int]] = []
-    for value in chunk_ids:
-        if out and out[-1][0] == value:
-            out[-1] = (value, out[-1][1] + 1)
-        else:
-            out.append((value, 1))
-    return out
+    return [(value, len(list(run))) for value, run in itertools.groupby(chunk_ids)]
 
 
 def test_a_negative_delay_is_refused_with_its_value() -> None:
