@@ -216,6 +216,14 @@ def test_summarize_of_no_episode_is_nan_rates_not_a_division_error() -> None:
         assert math.isnan(row[key]), key
 
 
+def test_an_episode_that_executed_nothing_counts_no_chunk() -> None:
+    stalled = EpisodeTrace(seed=3, seconds=0.5)
+    for _ in range(4):
+        stalled.record(None, None)  # no chunk ever arrived: every tick a stall
+    assert summarize([stalled])["chunks"] == 0
+    assert summarize([*three_episodes(), stalled])["chunks"] == 5  # A: 1, 2; B: 5; C: 1, 2
+
+
 def test_steps_per_s_is_nan_for_episodes_that_took_no_time() -> None:
     trace = EpisodeTrace(seed=0, seconds=0.0)
     trace.record(arm(1.0), 1)
@@ -249,6 +257,15 @@ def test_json_ready_rounds_floats_to_five_places_and_turns_nan_into_none() -> No
         "none": None,
     }
     assert type(json_ready(7)) is int and json_ready(True) is True
+
+
+def test_json_ready_turns_numpy_scalars_into_json_numbers() -> None:
+    value = {"f32": np.float32(0.1), "nan": np.float64("nan"), "n": np.int64(3), "ok": np.bool_(True)}
+    ready = json_ready(value)
+    # float32's 0.1 is 0.100000001490116..., which rounds to 0.1 at five places
+    assert ready == {"f32": 0.1, "nan": None, "n": 3, "ok": True}
+    assert type(ready["f32"]) is float and type(ready["n"]) is int and type(ready["ok"]) is bool
+    assert json.dumps(ready, allow_nan=False) == '{"f32": 0.1, "nan": null, "n": 3, "ok": true}'
 
 
 # -- strategies -----------------------------------------------------------------------------------------

@@ -483,6 +483,13 @@ def test_the_video_checkpoint_records_how_it_was_trained(
     assert text.endswith(f"\n{json.dumps(evaluation, indent=2)}\nwrote {out}\n")  # two-space indent
 
 
+def _collect_tiny_video_episodes(
+    num: int, seed: int, noise: Any, steps: int, size: int, **kw: Any
+) -> VideoEpisodes:
+    """``video_world_model.collect`` without the simulator: made-up episodes of the asked shape."""
+    return _video_episodes(num, steps, seed, size)
+
+
 def test_the_video_frame_size_defaults_to_64(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     sizes: list[int] = []
 
@@ -499,9 +506,7 @@ def test_the_video_frame_size_defaults_to_64(tmp_path: Path, monkeypatch: pytest
 def test_the_episode_cache_is_named_by_what_was_rendered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(
-        video_world_model, "collect", lambda c, s, n, st, size, **kw: _video_episodes(c, st, s, size)
-    )
+    monkeypatch.setattr(video_world_model, "collect", _collect_tiny_video_episodes)
     args = argparse.Namespace(data=tmp_path / "cache.npz", steps=3, image_size=16)
     video_world_model._episodes(args, "eval", 2, 10_004, (0.0, 0.02))
     assert [p.name for p in tmp_path.iterdir()] == ["cache-eval-2x3-seed10004-16px-noise0.0_0.02.npz"]
@@ -584,9 +589,7 @@ def test_the_video_command_reports_elapsed_times(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _stepped_clock(monkeypatch, video_world_model)
-    monkeypatch.setattr(
-        video_world_model, "collect", lambda c, s, n, st, size, **kw: _video_episodes(c, st, s, size)
-    )
+    monkeypatch.setattr(video_world_model, "collect", _collect_tiny_video_episodes)
     monkeypatch.setattr(video_world_model, "task_config", lambda lc, w, dw, size: _video_config(size))
     out = tmp_path / "v"
     at_report = _record_at_report(monkeypatch, video_world_model, out)

@@ -127,7 +127,8 @@ def summarize(
         "executed_steps": executed,
         "stall_ticks": ticks - executed,
         "steps_per_s": executed / seconds if seconds > 0 else math.nan,
-        "chunks": len(jumps.boundary) + len(traces),
+        # each boundary starts a chunk, and so does an episode's first executed action
+        "chunks": len(jumps.boundary) + sum(trace.executed > 0 for trace in traces),
         "boundary_jump_rad": jumps.boundary_mean,
         "within_jump_rad": jumps.within_mean,
         "jump_ratio": jumps.ratio,
@@ -139,11 +140,14 @@ def summarize(
 
 
 def json_ready(value: Any) -> Any:
-    """NaN becomes None (JSON has no NaN); floats are rounded for a readable line."""
+    """NaN becomes None (JSON has no NaN); floats are rounded for a readable line. numpy scalars
+    become Python numbers first (``json`` refuses ``np.float32`` and ``np.int64``)."""
     if isinstance(value, dict):
         return {key: json_ready(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [json_ready(item) for item in value]
+    if isinstance(value, np.generic):
+        value = value.item()
     if isinstance(value, float):
         return None if math.isnan(value) else round(value, 5)
     return value
