@@ -534,6 +534,14 @@ MODULES: dict[str, CoreModule] = {
         ),
         fork_server=True,  # torch
     ),
+    # `/openapi.json` and `/docs`: the rollout routes' declared operations (never mounted).
+    "rollout_openapi": CoreModule(
+        ("src/rollserve/server/rollout/openapi.py",),
+        (
+            "tests/server/test_rollout_openapi.py",
+            "tests/server/test_app_review.py",
+        ),
+    ),
     # `rollserve dataset` (recording, the .npz format, loading) and the evaluation loop; no torch.
     "sim_data": CoreModule(
         ("src/rollserve/sim/dataset.py", "src/rollserve/sim/evaluate.py"),

@@ -221,6 +221,10 @@ def test_an_episode_that_executed_nothing_counts_no_chunk() -> None:
     for _ in range(4):
         stalled.record(None, None)  # no chunk ever arrived: every tick a stall
     assert summarize([stalled])["chunks"] == 0
+    once = EpisodeTrace(seed=4, seconds=0.5)
+    once.record(None, None)
+    once.record(arm(1.0), 7)  # one executed action: one chunk, and no boundary
+    assert summarize([once])["chunks"] == 1
     assert summarize([*three_episodes(), stalled])["chunks"] == 5  # A: 1, 2; B: 5; C: 1, 2
 
 
