@@ -27,6 +27,7 @@ from common import emit_json, print_table
 
 from rollserve.cli import non_negative_int, positive_int
 from rollserve.demo.metrics import summarize
+from rollserve.demo.runner import strategy_names
 from rollserve.demo.simtime import SimulatedRobot
 from rollserve.demo.strategies import STRATEGIES
 from rollserve.sim.env import TabletopPickPlaceEnv
@@ -44,15 +45,6 @@ def delay_list(text: str) -> list[int]:
     return list(dict.fromkeys(delays))
 
 
-def strategy_list(text: str) -> list[str]:
-    """argparse type: a subset of the strategies, checked here: a typo must not cost the policy load."""
-    names = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    unknown = [name for name in names if name not in STRATEGIES]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown {unknown}; choose from {', '.join(STRATEGIES)}")
-    return names
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10 episodes per cell (default 50)")
@@ -61,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--delays", type=delay_list, default=list(DEFAULT_DELAYS), help="delays in control steps"
     )
     parser.add_argument(
-        "--strategies", type=strategy_list, default=list(STRATEGIES), help="subset of sync, async, rtc"
+        "--strategies", type=strategy_names, default=list(STRATEGIES), help="subset of sync, async, rtc"
     )
     parser.add_argument("--seed", type=non_negative_int, default=FIRST_SEED, help="first episode seed")
     parser.add_argument(

@@ -6,6 +6,7 @@ read back from the code: a slip in a metric would otherwise change the README's 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import itertools
@@ -666,3 +667,36 @@ def test_stop_waits_for_the_thread_at_most_its_timeout(
     monkeypatch.setattr(thread, "join", noted_join)
     proxy.stop(*given)
     assert waits == [expected] and not thread.is_alive()
+
+
+# -- --strategies ---------------------------------------------------------------------------------------
+
+
+def demo_config(tmp_path: Any, *flags: str) -> Any:
+    from rollserve.demo import runner
+
+    parser = argparse.ArgumentParser(prog="rollserve demo")
+    runner.add_arguments(parser)
+    return runner.config_from_args(parser.parse_args(["--out", str(tmp_path), *flags]))
+
+
+def test_strategies_run_in_the_order_given_each_once(tmp_path: Any) -> None:
+    config = demo_config(tmp_path, "--strategies", " rtc, sync ,rtc,")
+    assert [strategy.name for strategy in config.strategies] == ["rtc", "sync"]
+    assert [s.name for s in demo_config(tmp_path).strategies] == ["sync", "async", "rtc"]  # the default
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (",", "argument --strategies: name at least one of sync, async, rtc"),
+        ("rtc,foo,bar", "argument --strategies: unknown 'foo', 'bar'; choose from sync, async, rtc"),
+    ],
+)
+def test_a_strategies_flag_naming_no_known_strategy_is_a_usage_error(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str], value: str, message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        demo_config(tmp_path, "--strategies", value)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.rstrip().endswith(f"rollserve demo: error: {message}")

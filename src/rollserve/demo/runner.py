@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"added network round trip, half each way (default {DEFAULT_DELAY_MS:.0f})",
     )  # fmt: skip
     parser.add_argument(
-        "--strategies", default="sync,async,rtc",
+        "--strategies", type=strategy_names, default="sync,async,rtc",
         help="comma-separated subset of sync, async, rtc (default: all three)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="first episode seed (episode i uses seed + i)")
@@ -85,6 +85,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def strategy_names(text: str) -> list[str]:
+    """argparse type: a comma-separated subset of the strategies, each once, in the order given.
+    Checked when the flags are parsed, so a typo fails before the policy loads."""
+    names = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [name for name in names if name not in STRATEGIES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown {', '.join(map(repr, unknown))}; choose from {', '.join(STRATEGIES)}"
+        )
+    if not names:
+        raise argparse.ArgumentTypeError(f"name at least one of {', '.join(STRATEGIES)}")
+    return names
+
+
 @dataclass(frozen=True)
 class DemoConfig:
     policy: str
@@ -116,10 +130,6 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
     from rollserve.server.launch import parse_policy_args
     from rollserve.sim.layout import CONTROL_HZ, MAX_EPISODE_STEPS
 
-    names = [name.strip() for name in args.strategies.split(",") if name.strip()]
-    unknown = [name for name in names if name not in STRATEGIES]
-    if unknown or not names:
-        raise ValueError(f"--strategies: unknown {unknown}; choose from {', '.join(STRATEGIES)}")
     if args.episodes < 1 or args.delay_ms < 0 or args.refill_margin < 0 or args.sync_steps < 1:
         raise ValueError("--episodes and --sync-steps must be >= 1; --delay-ms and --refill-margin >= 0")
     if (args.max_steps is not None and args.max_steps < 1) or (
@@ -131,7 +141,7 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
     return DemoConfig(
         policy=args.policy,
         policy_kwargs=parse_policy_args(args.policy_arg),
-        strategies=tuple(STRATEGIES[name] for name in dict.fromkeys(names)),
+        strategies=tuple(STRATEGIES[name] for name in args.strategies),
         episodes=args.episodes,
         seed=args.seed,
         delay_ms=args.delay_ms,
