@@ -540,6 +540,7 @@ MODULES: dict[str, CoreModule] = {
         (
             "tests/server/test_rollout_openapi.py",
             "tests/server/test_app_review.py",
+            "tests/server/test_rollout_openapi_review.py",
         ),
     ),
     # `rollserve dataset` (recording, the .npz format, loading) and the evaluation loop; no torch.

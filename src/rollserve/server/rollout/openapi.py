@@ -47,6 +47,7 @@ _STEP_ERRORS = {
         400: "step-id conflict (also a replayed duplicate, `replayed: true`) or invalid_request "
         "(vLLM-Omni mode); 200 carries an in-band inference_error in that mode",
         404: "session_not_found",
+        408: "request_timeout: the body did not arrive in time; the connection is closed",
         409: "step-id conflict (strict mode)",
         410: "session_closed / session_expired",
         413: "payload_too_large",
@@ -63,7 +64,7 @@ _ERROR_DOC = (
 )
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": VllmErrorResponse | ErrorResponse, "description": _ERROR_DOC}
-    for status in (400, 404, 409, 410, 413, 415, 422, 500, 503)
+    for status in (400, 404, 408, 409, 410, 413, 415, 422, 500, 503)
 }
 
 
