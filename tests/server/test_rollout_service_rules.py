@@ -467,10 +467,20 @@ async def test_render_requests_are_checked_against_the_world(service) -> None:
         assert err.value.code == "invalid_request"
         return err.value.message
 
-    among = "render.cameras must be distinct names among ['front', 'wrist']"
-    assert await refused(RenderRequest(cameras=["top"])) == among
-    assert await refused(RenderRequest(cameras=["front", "front"])) == among
-    assert await refused(RenderRequest(cameras=["front", "top"])) == among
+    has = "world 'pin' has ['front', 'wrist']"
+    assert await refused(RenderRequest(cameras=["top"])) == f"render.cameras: unknown camera 'top'; {has}"
+    assert (
+        await refused(RenderRequest(cameras=["front", "front"])) == "render.cameras: 'front' is named twice"
+    )
+    assert await refused(RenderRequest(cameras=["front", "wrist", "wrist", "front"])) == (
+        "render.cameras: 'wrist' is named twice"  # the first name seen again
+    )
+    assert await refused(RenderRequest(cameras=["front", "top", "bot"])) == (
+        f"render.cameras: unknown camera 'top'; {has}"  # the first unknown one
+    )
+    assert (
+        await refused(RenderRequest(cameras=["top", "top"])) == f"render.cameras: unknown camera 'top'; {has}"
+    )
     toy = RolloutService(ToyWorld(), FAST)
     try:
         assert await refused(RenderRequest(), "toy", toy) == "world 'toy' does not render camera frames"

@@ -823,10 +823,12 @@ class RolloutService:
             raise RolloutError("invalid_request", f"world {spec.name!r} does not render camera frames")
         cameras = tuple(req.cameras) if req.cameras is not None else spec.cameras
         unknown = [c for c in cameras if c not in spec.cameras]
-        if unknown or len(set(cameras)) != len(cameras):
-            raise RolloutError(
-                "invalid_request", f"render.cameras must be distinct names among {list(spec.cameras)}"
-            )
+        if unknown:
+            has = f"world {spec.name!r} has {list(spec.cameras)}"
+            raise RolloutError("invalid_request", f"render.cameras: unknown camera {unknown[0]!r}; {has}")
+        if len(set(cameras)) != len(cameras):
+            twice = next(c for i, c in enumerate(cameras) if c in cameras[:i])
+            raise RolloutError("invalid_request", f"render.cameras: {twice!r} is named twice")
         fields = req.model_fields_set
         height, width = req.height, req.width
         if spec.frame_size is not None:
