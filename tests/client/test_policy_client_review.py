@@ -18,6 +18,7 @@ server are in ``test_policy_client.py`` and the other ``test_policy_client_*`` f
 from __future__ import annotations
 
 import contextlib
+import errno
 import socket
 import struct
 import subprocess
@@ -27,6 +28,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -813,3 +815,180 @@ def test_every_late_reply_skipped_is_counted(server: ScriptedServer) -> None:
         assert client.dropped_replies == 2
         assert client.predict(STATE).header.seq_id == 2
         assert client.dropped_replies == 3
+
+
+def test_a_reconnected_client_closes_its_new_connection_with_the_handshake(server: ScriptedServer) -> None:
+    """``close()`` leaves nothing behind for the next connection: one closed before it received
+    anything (nothing timed out on it) still gets the close handshake, not a dropped socket."""
+    client = PolicyClient(server.url, timeout=5.0).connect()
+    client.open_session()
+    client.connect()  # closes the first connection, gracefully
+    ws = client._ws
+    assert ws is not None
+    client.close()
+    assert ws.close_code == 1000  # the server's close frame came back: not 1006, a dropped socket
+
+
+def test_a_connections_threads_are_daemons(server: ScriptedServer) -> None:
+    """In process, what ``test_a_client_left_open_does_not_keep_the_process_alive`` shows end to end
+    (in a subprocess, which a mutation run cannot see into): a connection's threads (the send
+    watchdog's, websockets' reader) are daemons, so one left open does not hold up the exit. Connected
+    from the test's own thread, not a daemon: a thread left to inherit that would not be one either."""
+    assert not threading.current_thread().daemon
+    before = set(threading.enumerate())
+    client = PolicyClient(server.url).connect()
+    try:
+        started = [t for t in threading.enumerate() if t not in before]
+        assert "rollserve-send-watchdog" in [t.name for t in started]
+        assert all(t.daemon for t in started), [(t.name, t.daemon) for t in started]
+    finally:
+        client.close()  # a thread that is no daemon would hold up the test run's exit
+
+
+def test_a_frame_limit_close_before_anything_was_sent_names_no_bytes() -> None:
+    """The largest message sent is counted per connection from nothing: a server that closes with 1009
+    before the client sent it anything (a misbehaving one) is reported as refusing 0 bytes."""
+    with serve(lambda ws: ws.close(1009, "too big"), "127.0.0.1", 0) as closing:
+        threading.Thread(target=closing.serve_forever, daemon=True).start()
+        client = PolicyClient(f"ws://127.0.0.1:{closing.socket.getsockname()[1]}/v1/policy/ws").connect()
+        with pytest.raises(FrameTooLarge) as info:
+            client.receive()
+        client.close()
+        closing.shutdown()
+    assert "(--max-frame-mb; the largest sent on this connection: 0 bytes)" in str(info.value)
+
+
+# -- the send watchdog alone -------------------------------------------------------------------------
+class _UnreadConnection:
+    """Stands for a connection whose server stopped reading (a unit test of the send watchdog alone):
+    a send blocks until the socket is shut down, then fails as a shut-down socket's send does."""
+
+    def __init__(self, shutdown_error: OSError | None = None) -> None:
+        self.socket = self
+        self.shut = threading.Event()
+        self._shutdown_error = shutdown_error  # a socket the peer already reset refuses a shutdown
+
+    def shutdown(self, how: int) -> None:
+        self.shut.set()
+        if self._shutdown_error is not None:
+            raise self._shutdown_error
+
+    def send(self, data: bytes) -> None:
+        if not self.shut.wait(WAIT_S):
+            raise AssertionError("the send was never cut off")
+        raise BrokenPipeError("the socket was shut down")
+
+
+def _send_in_thread(watchdog: Any, limit: float) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            watchdog.send(b"observation", limit)
+        except BaseException as exc:
+            errors.append(exc)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    return sender, errors
+
+
+def test_a_send_begun_before_the_watchdogs_thread_first_ran_is_still_cut_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watchdog's thread is started as the connection opens, and may not have run yet when the
+    first send comes: that send must not trip over what the thread has not yet written, and is
+    still cut off at its deadline once the thread runs (held here until the send is under way)."""
+    held: list[threading.Thread] = []
+
+    class HeldThread(threading.Thread):
+        def start(self) -> None:
+            held.append(self)
+
+    monkeypatch.setattr(policy_client, "threading", SimpleNamespace(Thread=HeldThread, Event=threading.Event))
+    connection = _UnreadConnection()
+    watchdog = policy_client._SendWatchdog(connection)  # type: ignore[arg-type]
+    sender, errors = _send_in_thread(watchdog, 0.2)
+    wait_until(lambda: watchdog._deadline is not None or bool(errors), timeout=WAIT_S)
+    (thread,) = held
+    threading.Thread.start(thread)
+    sender.join(WAIT_S)
+    assert [type(e) for e in errors] == [BrokenPipeError], errors  # cut off by the shutdown
+    assert watchdog.fired and connection.shut.is_set()
+
+
+class _WatchdogRacedBySend(policy_client._SendWatchdog):
+    """A watchdog whose thread, right after its first read of the send deadline, is overtaken by a
+    send that begins then: the send sees the thread's old bookkeeping, the thread the old deadline
+    (the race ``_run`` reads the deadline again for)."""
+
+    def __init__(self, connection: _UnreadConnection, limit: float) -> None:
+        self._value: float | None = None
+        self._limit = limit
+        self._raced = False
+        self.errors: list[BaseException] = []
+        super().__init__(connection)  # type: ignore[arg-type]
+
+    @property  # type: ignore[override]
+    def _deadline(self) -> float | None:
+        value = self._value
+        if not self._raced and threading.current_thread().name == "rollserve-send-watchdog":
+            self._raced = True
+            _, self.errors = _send_in_thread(self, self._limit)
+            wait_until(lambda: self._value is not None or bool(self.errors), timeout=WAIT_S)
+        return value
+
+    @_deadline.setter
+    def _deadline(self, value: float | None) -> None:
+        self._value = value
+
+
+def test_a_send_begun_as_the_watchdog_reads_its_deadline_is_still_cut_off() -> None:
+    connection = _UnreadConnection()
+    watchdog = _WatchdogRacedBySend(connection, 0.2)
+    assert connection.shut.wait(WAIT_S), "the send that overtook the watchdog's read was never cut off"
+    wait_until(lambda: bool(watchdog.errors), timeout=WAIT_S)
+    assert [type(e) for e in watchdog.errors] == [BrokenPipeError], watchdog.errors
+    assert watchdog.fired
+    watchdog.stop()
+
+
+def test_a_shutdown_that_fails_ends_the_watchdog_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The socket the watchdog shuts down may already be gone (the server reset the connection as the
+    deadline passed): the send is still failed, and the watchdog's thread ends without an error."""
+    raised: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    before = set(threading.enumerate())
+    connection = _UnreadConnection(shutdown_error=OSError(errno.ENOTCONN, "not connected"))
+    watchdog = policy_client._SendWatchdog(connection)  # type: ignore[arg-type]
+    (thread,) = [t for t in threading.enumerate() if t not in before and t.name == "rollserve-send-watchdog"]
+    with pytest.raises(BrokenPipeError):
+        watchdog.send(b"observation", 0.1)
+    thread.join(WAIT_S)
+    assert not thread.is_alive() and watchdog.fired
+    assert raised == []
+
+
+# -- the recording socket alone ------------------------------------------------------------------------
+class _ReceivedBytes:
+    """Stands for a connected socket (a unit test of the recording socket alone): each ``recv`` hands
+    out the next of ``reads``."""
+
+    def __init__(self, reads: list[bytes]) -> None:
+        self._reads = reads
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        return self._reads.pop(0)
+
+
+def test_the_recording_socket_keeps_the_close_frame_that_ended_what_it_received() -> None:
+    """The fallback when websockets lost a close frame it had not parsed: the socket finds it at the
+    end of the bytes received, short reads included, and finds nothing (no error) before anything
+    came. The reason ends in the bytes ``88 06 0c 30``, a close frame (3120) if 4 more bytes followed."""
+    reason = "\u02c8\x06\x0c0"
+    frame = _close_frame(1009, reason.encode())
+    sock = policy_client._RecordingSocket(_ReceivedBytes([b"\x82\x01x", frame]))  # type: ignore[arg-type]
+    assert sock.close_frame() is None
+    assert sock.recv(4096) == b"\x82\x01x"
+    assert sock.recv(4096) == frame
+    assert sock.close_frame() == (1009, reason)
