@@ -878,3 +878,36 @@ async def test_a_chunked_body_is_measured_across_its_parts() -> None:
     exact = PartedRequest([b"{" + b" " * 599, b" " * 423, b"}"], declared=False)
     data, _ = await routes._read(exact, limits, 5.0, optional=False)  # type: ignore[arg-type]
     assert len(data) == 1024
+
+
+async def test_a_chunked_body_that_stops_after_its_first_part_runs_out_of_time() -> None:
+    """A chunked body's deadline moves on with each part, by 1 s per 256 KiB received: one byte
+    buys 4 us, so a 0.3 s pause after it overruns a 0.05 s deadline."""
+    request = PartedRequest([b"{", b"}"], declared=False, pause_s=0.3)
+    with pytest.raises(routes.RolloutError) as err:
+        await routes._read(request, WireLimits(), 0.05, optional=False)  # type: ignore[arg-type]
+    assert err.value.code == "request_timeout"
+    assert err.value.message == "the body did not arrive within 0.05 s (+1 s per 256 KiB): 1 bytes came"
+
+
+async def test_a_chunked_bodys_first_part_buys_time_for_the_rest() -> None:
+    """256 KiB received move a 0.5 s deadline to 1.5 s from the start: a 1 s pause then is fine
+    (the deadline is not 0.5 s earlier, nor 0.5 s less the allowance)."""
+    first = b"{" + b" " * (routes.BODY_MIN_RATE - 1)
+    request = PartedRequest([first, b"}"], declared=False, pause_s=1.0)
+    data, media = await routes._read(request, WireLimits(), 0.5, optional=False)  # type: ignore[arg-type]
+    assert (len(data), media) == (routes.BODY_MIN_RATE + 1, "application/json")
+
+
+@pytest.mark.parametrize(("mode", "status"), [("vllm-omni", 400), ("strict", 422)])
+def test_a_body_that_is_not_a_map_is_the_clients_invalid_request(mode: str, status: int) -> None:
+    """A JSON array, or a msgpack one, is the client's ``invalid_request``, whichever codec it came in."""
+    with server(rollout_status_codes=mode) as http:
+        for content, media in [(b"[]", "application/json"), (packb([1, 2]), MSGPACK)]:
+            resp = http.post(
+                SESSIONS, content=content, headers={"content-type": media, "accept": "application/json"}
+            )
+            assert resp.status_code == status, resp.text
+            error = resp.json()["error"]
+            assert error.get("reason", error["code"]) == "invalid_request"
+            assert error["message"] == "the body must be a JSON object or msgpack map"
