@@ -118,6 +118,7 @@ class Cases:
         ghost = "ghost-session"
         form = {"content": b"a=1", "headers": {"content-type": "application/x-www-form-urlencoded"}}
         huge = {"observation": {"extra": {"blob": "x" * LIMIT * 2}}}
+        oversized = {"content": b"x" * LIMIT * 2, "headers": {"content-type": "application/json"}}
         return {
             ("invalid_request", "step"): lambda: self.post(
                 self.create(), "step", json={"step_id": "zero", "observation": {}, "action": {}}
@@ -127,6 +128,12 @@ class Cases:
             ),
             ("invalid_request", "reset"): lambda: self.post(self.create(), "reset", json={"seed": -1}),
             ("invalid_request", "fork"): lambda: self.post(self.create(), "fork", json={"session_id": 5}),
+            ("invalid_request", "batch_step"): lambda: self.http.post(
+                "/v1/realtime/batch_step", json={"items": "not a list"}
+            ),
+            ("invalid_request", "batch_step/columns"): lambda: self.http.post(
+                "/v1/realtime/batch_step/columns", json=["not", "a", "map"]
+            ),
             ("step_already_committed", "step"): lambda: self.post(
                 self.committed(2), "step", json=step_body(0)
             ),
@@ -163,14 +170,44 @@ class Cases:
             ("payload_too_large", "fork"): lambda: self.post(
                 self.create(), "fork", json={"session_id": "f", "pad": "x" * LIMIT * 2}
             ),
+            ("payload_too_large", "close"): lambda: self.post(self.create(), "close", **oversized),
+            ("payload_too_large", "status"): lambda: self.http.request(
+                "GET", f"/v1/realtime/sessions/{self.create()}/status", **oversized
+            ),
+            ("payload_too_large", "batch_step"): lambda: self.http.post(
+                "/v1/realtime/batch_step", json={"items": [], "pad": "x" * LIMIT * 2}
+            ),
+            ("payload_too_large", "batch_step/columns"): lambda: self.http.post(
+                "/v1/realtime/batch_step/columns", json={"session_ids": [], "pad": "x" * LIMIT * 2}
+            ),
             ("unsupported_media_type", "step"): lambda: self.post(self.create(), "step", **form),
             ("unsupported_media_type", "reset"): lambda: self.post(self.create(), "reset", **form),
             ("unsupported_media_type", "fork"): lambda: self.post(self.create(), "fork", **form),
             ("unsupported_media_type", "create"): lambda: self.http.post("/v1/realtime/sessions", **form),
+            ("unsupported_media_type", "batch_step"): lambda: self.http.post(
+                "/v1/realtime/batch_step", **form
+            ),
+            ("unsupported_media_type", "batch_step/columns"): lambda: self.http.post(
+                "/v1/realtime/batch_step/columns", **form
+            ),
             ("request_timeout", "step"): lambda: self.stalled(
                 f"/v1/realtime/sessions/{self.committed()}/step"
             ),
             ("request_timeout", "create"): lambda: self.stalled("/v1/realtime/sessions"),
+            ("request_timeout", "reset"): lambda: self.stalled(
+                f"/v1/realtime/sessions/{self.create()}/reset"
+            ),
+            ("request_timeout", "close"): lambda: self.stalled(
+                f"/v1/realtime/sessions/{self.create()}/close"
+            ),
+            ("request_timeout", "status"): lambda: self.stalled(
+                f"/v1/realtime/sessions/{self.create()}/status", method="GET"
+            ),
+            ("request_timeout", "fork"): lambda: self.stalled(f"/v1/realtime/sessions/{self.create()}/fork"),
+            ("request_timeout", "batch_step"): lambda: self.stalled("/v1/realtime/batch_step"),
+            ("request_timeout", "batch_step/columns"): lambda: self.stalled(
+                "/v1/realtime/batch_step/columns"
+            ),
             ("inference_error", "step"): lambda: self.post(
                 self.committed(), "step", json=step_body(1, BROKEN)
             ),
@@ -228,12 +265,17 @@ class Cases:
         finally:
             self.service.engine = engine
 
-    def stalled(self, path: str) -> httpx.Response:
+    def stalled(self, path: str, method: str = "POST") -> httpx.Response:
         """Half a body and then nothing, under a short body deadline (httpx only sends whole
         bodies, so on a raw socket); the answer, read until the server closes the connection."""
         deadline, self.service.body_timeout_s = self.service.body_timeout_s, 0.2
         mode = self.http.headers.get(HEADER)
-        lines = [f"POST {path} HTTP/1.1", "Host: x", "Content-Type: application/json", "Content-Length: 100"]
+        lines = [
+            f"{method} {path} HTTP/1.1",
+            "Host: x",
+            "Content-Type: application/json",
+            "Content-Length: 100",
+        ]
         lines += [f"{HEADER}: {mode}"] if mode else []
         url = self.http.base_url
         try:
