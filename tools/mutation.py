@@ -521,8 +521,9 @@ MODULES: dict[str, CoreModule] = {
         ),
         fork_server=True,  # test_cli_validation.py trains a world and builds a video world's net (torch)
     ),
-    # `rollserve train world [--video]`: the learned and video world models' training (policy.py,
-    # policy_eval.py and training/cli.py not yet). Every test here is in process with tiny configs.
+    # `rollserve train world [--video]`: the learned and video world models' training (policy.py and
+    # policy_eval.py are `training_policy`; training/cli.py not yet). Every test here is in process
+    # with tiny configs.
     "training": CoreModule(
         ("src/rollserve/training/world_model.py", "src/rollserve/training/video_world_model.py"),
         (
@@ -554,6 +555,31 @@ MODULES: dict[str, CoreModule] = {
         ),
         # its 96x96 images test takes 4 s per mutant; the review file records small images instead
         ("-k", "not test_images_are_recorded_per_frame"),
+    ),
+    # `rollserve train policy` and `rollserve eval policy`: the flow policy's training and evaluation.
+    "training_policy": CoreModule(
+        ("src/rollserve/training/policy.py", "src/rollserve/training/policy_eval.py"),
+        (
+            "tests/training/test_policy_training.py",
+            "tests/training/test_policy_eval.py",
+            "tests/training/test_policy_cli_record.py",
+            "tests/training/test_training_policy_review.py",
+        ),
+        fork_server=True,  # torch
+    ),
+    # `rollserve demo`'s runner: the episodes, the servers it starts and the strategies' loops.
+    # test_demo_end_to_end.py is left out: it runs the demo in a subprocess (15 s, never traced); the
+    # review file runs the same path in process with a numpy policy. The interrupt file's own
+    # in-process demo serves the torch checkpoint (its case is in the review file, without torch).
+    "demo_runner": CoreModule(
+        ("src/rollserve/demo/runner.py",),
+        (
+            "tests/demo/test_demo_runner_review.py",
+            "tests/demo/test_demo_interrupt.py",
+            "tests/demo/test_demo_output_lines.py",
+            "tests/demo/test_demo_review.py",
+        ),
+        ("-k", "not test_ctrl_c_while_writing_the_plot_keeps_the_measurements"),
     ),
 }
 

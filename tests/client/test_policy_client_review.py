@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import socket
 import struct
 import subprocess
@@ -992,3 +993,134 @@ def test_the_recording_socket_keeps_the_close_frame_that_ended_what_it_received(
     assert sock.recv(4096) == b"\x82\x01x"
     assert sock.recv(4096) == frame
     assert sock.close_frame() == (1009, reason)
+
+
+_REFUSAL = "m" * 100  # a 104-byte close frame: longer than the 66 bytes a peek's flags (2 | 64) would ask
+
+
+@contextlib.contextmanager
+def _connected_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """A connected pair of plain sockets: the client's end and the server's."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        yield ours, theirs
+
+
+def _read_to_the_end(sock: Any) -> bytes:
+    received = b""
+    while data := sock.recv(4096):
+        received += data
+    return received
+
+
+def test_the_unread_count_is_what_the_socket_holds() -> None:
+    """The peek asks the socket how much it holds (a guess stands in only where it cannot be asked)."""
+    with _connected_pair() as (ours, theirs):
+        assert policy_client._unread_count(ours) == 0
+        theirs.sendall(bytes(300))  # over a byte's worth: the count's bytes in order
+        wait_until(lambda: policy_client._unread_count(ours) == 300, timeout=WAIT_S)
+        ours.recv(100)
+        assert policy_client._unread_count(ours) == 200
+
+
+def test_a_shut_down_recording_socket_copies_the_unread_bytes_and_leaves_them_to_read() -> None:
+    """The close frame the socket still holds is found, and websockets' reader still reads every byte:
+    the peek copies them, it does not take them."""
+    sent = b"\x82\x01x" + _close_frame(1009, _REFUSAL.encode())
+    with _connected_pair() as (ours, theirs):
+        theirs.sendall(sent)
+        theirs.close()  # the server closed after its close frame
+        recording = policy_client._RecordingSocket(ours)
+        recording.shutdown(socket.SHUT_WR)
+        assert recording.close_frame() == (1009, _REFUSAL)  # from the peek alone: nothing read yet
+        assert _read_to_the_end(recording) == sent
+
+
+def test_a_recording_socket_on_descriptor_0_peeks_too() -> None:
+    """A program started with its standard input closed gets descriptor 0 for its first socket, a valid
+    one: only a closed socket (-1) holds nothing to peek at."""
+    try:
+        saved: int | None = os.dup(0)  # this process's standard input, put back at the end
+    except OSError:
+        saved = None
+    try:
+        with _connected_pair() as (ours, theirs):
+            os.dup2(ours.fileno(), 0)
+            with socket.socket(ours.family, ours.type, fileno=0) as on_0:
+                theirs.sendall(_close_frame(1009, b"too big"))
+                recording = policy_client._RecordingSocket(on_0)
+                recording.close()
+                assert recording.close_frame() == (1009, "too big")
+    finally:
+        if saved is not None:
+            os.dup2(saved, 0)
+            os.close(saved)
+
+
+def test_a_recording_socket_where_a_peek_could_block_does_not_peek(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a non-blocking flag (Windows) the socket is not peeked at, and closes as any other."""
+    monkeypatch.delattr(socket, "MSG_DONTWAIT")
+    with _connected_pair() as (ours, theirs):
+        theirs.sendall(_close_frame(1009, b"too big"))
+        recording = policy_client._RecordingSocket(ours)
+        recording.close()
+        assert ours.fileno() == -1
+        assert recording.close_frame() is None
+
+
+class _WrappingSocket(socket.socket):
+    """A socket of another type than the plain one, as TLS's (a subclass that decrypts what it reads)."""
+
+
+def test_a_wrapped_socket_is_not_peeked_at() -> None:
+    """Under a wrapper the bytes on the wire are not the websocket stream (TLS records): a close frame
+    among them is not the server's."""
+    with _connected_pair() as (ours, theirs):
+        wrapped = _WrappingSocket(ours.family, ours.type, fileno=ours.detach())
+        theirs.sendall(_close_frame(1009, b"too big"))
+        recording = policy_client._RecordingSocket(wrapped)
+        recording.close()
+        assert wrapped.fileno() == -1
+        assert recording.close_frame() is None
+
+
+def test_a_peek_that_finds_the_bytes_taken_meanwhile_is_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """websockets' reader may take the bytes between the count and the peek, and the peek then finds
+    none (it may not wait): the socket still closes, and no close frame is made up."""
+    count_unread = policy_client._unread_count
+    taken: list[bytes] = []
+
+    def count_then_read(sock: socket.socket) -> int:
+        count = count_unread(sock)
+        taken.append(sock.recv(count))  # the reader's read
+        return count
+
+    monkeypatch.setattr(policy_client, "_unread_count", count_then_read)
+    frame = _close_frame(1009, b"too big")
+    with _connected_pair() as (ours, theirs):
+        ours.setblocking(False)  # a read that would wait fails at once instead (the peek may not wait)
+        theirs.sendall(frame)
+        wait_until(lambda: count_unread(ours) == len(frame), timeout=WAIT_S)
+        recording = policy_client._RecordingSocket(ours)
+        recording.close()
+        assert taken == [frame]
+        assert ours.fileno() == -1
+        assert recording.close_frame() is None
+
+
+def test_a_socket_closed_as_it_is_peeked_at_is_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """websockets' reader closes the socket as the connection ends, which may come between the check
+    that it is open and the count: the close that peeks goes on quietly."""
+    count_unread = policy_client._unread_count
+
+    def close_then_count(sock: socket.socket) -> int:
+        sock.close()  # the reader's close
+        return count_unread(sock)
+
+    monkeypatch.setattr(policy_client, "_unread_count", close_then_count)
+    with _connected_pair() as (ours, theirs):
+        theirs.sendall(_close_frame(1009, b"too big"))
+        recording = policy_client._RecordingSocket(ours)
+        recording.close()
+        assert ours.fileno() == -1
+        assert recording.close_frame() is None
