@@ -178,7 +178,7 @@ HELP = {
     "--seed": "first episode seed (episode i uses seed + i)",
     "--out": "folder for the plot (default ./rollserve-demo)",
     "--video": "record the first episode of the RTC strategy (.gif; .mp4 with imageio-ffmpeg)",
-    "--quiet": "no live progress; only the table and the JSON line",
+    "--quiet": "no header or live progress: the table, where the plot (and video) went, and the JSON line",
     "--policy": "policy factory 'module:factory'",
     "--policy-arg": "policy factory argument",
     "--max-steps": "episode time limit in control ticks (default: the task's 120)",
@@ -635,6 +635,7 @@ def test_run_demo_interrupted_in_a_later_strategy_reports_the_finished_one(
         " (interrupted: finished strategies only)"
     )
     assert title in lines
+    assert lines[-1] == f"plot: {tmp_path / 'out' / 'boundaries.png'}"  # quiet still says where it went
     assert capsys.readouterr().err == ""  # quiet: no progress
 
 

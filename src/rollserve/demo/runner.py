@@ -58,7 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="record the first episode of the RTC strategy (.gif; .mp4 with imageio-ffmpeg)",
     )
     parser.add_argument(
-        "--quiet", action="store_true", help="no live progress; only the table and the JSON line"
+        "--quiet",
+        action="store_true",
+        help="no header or live progress: the table, where the plot (and video) went, and the JSON line",
     )
     parser.add_argument(
         "--policy", default=DEFAULT_POLICY, metavar="SPEC", help="policy factory 'module:factory'"
