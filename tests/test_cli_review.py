@@ -322,3 +322,41 @@ def test_a_command_after_a_double_dash_is_refused_with_where_it_goes(
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("usage: rollserve ")
     assert err.endswith("rollserve: error: the command comes first: rollserve serve ...\n")
+
+
+# -- `rollserve train`: the router to each training job ----------------------------------------------
+
+
+def test_train_help_says_what_each_argument_is(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit) as info:
+        cli.main(["train", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "\n  {policy,world}  what to train\n  job_args        options of the job (see JOB --help)\n" in out
+
+
+@pytest.mark.parametrize(
+    ("job_args", "prog", "description"),
+    [
+        (["policy"], "rollserve train policy", "behaviour-clone the reference flow-matching policy"),
+        (["world"], "rollserve train world", "train the learned world model (--video: the video one)"),
+        (["world", "--video"], "rollserve train world", "train the learned video world model"),
+    ],
+)
+def test_each_training_job_has_its_own_prog_and_description(
+    job_args: list[str],
+    prog: str,
+    description: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit) as info:
+        cli.main(["train", *job_args, "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: {prog} [-h]")
+    assert f"\n\n{description}\n\n" in out

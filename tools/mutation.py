@@ -513,7 +513,7 @@ MODULES: dict[str, CoreModule] = {
     # `rollserve` itself: the dispatcher and the argparse types every subcommand shares
     # (server/settings.py is left out: a dataclass without functions, mutmut makes no mutants of it).
     "cli": CoreModule(
-        ("src/rollserve/cli.py",),
+        ("src/rollserve/cli.py", "src/rollserve/training/cli.py"),  # the top level and `train`'s router
         (
             "tests/test_cli_validation.py",
             "tests/training/test_policy_cli_flags.py",
@@ -522,8 +522,8 @@ MODULES: dict[str, CoreModule] = {
         fork_server=True,  # test_cli_validation.py trains a world and builds a video world's net (torch)
     ),
     # `rollserve train world [--video]`: the learned and video world models' training (policy.py and
-    # policy_eval.py are `training_policy`; training/cli.py not yet). Every test here is in process
-    # with tiny configs.
+    # policy_eval.py are `training_policy`, training/cli.py is in `cli`). Every test here is in
+    # process with tiny configs.
     "training": CoreModule(
         ("src/rollserve/training/world_model.py", "src/rollserve/training/video_world_model.py"),
         (
