@@ -581,6 +581,43 @@ MODULES: dict[str, CoreModule] = {
         ),
         ("-k", "not test_ctrl_c_while_writing_the_plot_keeps_the_measurements"),
     ),
+    # What `rollserve demo` leaves behind: the table and JSON line, the live progress, the per-request
+    # recording, the real-time robot loop, the plot and the video (runner.py is `demo_runner`). All
+    # in process, no torch (the runner's review stubs it): no fork server. test_demo_interrupt.py's
+    # torch case is left out as in `demo_runner`; test_demo_end_to_end.py runs a subprocess.
+    "demo_output": CoreModule(
+        (
+            "src/rollserve/demo/report.py",
+            "src/rollserve/demo/recording.py",
+            "src/rollserve/demo/progress.py",
+            "src/rollserve/demo/video.py",
+            "src/rollserve/demo/robot.py",
+            "src/rollserve/demo/plots.py",
+        ),
+        (
+            "tests/demo/test_demo_metrics.py",
+            "tests/demo/test_demo_review.py",
+            "tests/demo/test_demo_runner_review.py",
+            "tests/demo/test_demo_interrupt.py",
+            "tests/demo/test_demo_output_lines.py",
+            "tests/demo/test_demo_output_review.py",
+        ),
+        ("-k", "not test_ctrl_c_while_writing_the_plot_keeps_the_measurements"),
+    ),
+    # `--policy lerobot:PATH`: the LeRobot adapter. Needs the LeRobot venv (its tests skip without
+    # LeRobot): `.venv-lerobot/bin/python tools/mutation.py --module lerobot_adapter`. The three
+    # `test_rollserve_serve_drives_engine_and_openpi_client` cases are left out: each serves from a
+    # subprocess (10 s, never traced); the in-process parity tests drive the same adapter.
+    "lerobot_adapter": CoreModule(
+        ("src/rollserve/adapters/lerobot/*.py",),
+        (
+            "tests/adapters/test_lerobot_loading.py",
+            "tests/adapters/test_lerobot_serving.py",
+            "tests/adapters/test_lerobot_adapter_review.py",
+        ),
+        ("-k", "not test_rollserve_serve_drives_engine_and_openpi_client"),
+        fork_server=True,  # torch
+    ),
 }
 
 STATUS_LINE = re.compile(r"^\s+(\S+): (.+)$")
