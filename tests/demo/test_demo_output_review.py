@@ -522,12 +522,12 @@ def test_hold_action_keeps_the_seven_joints_with_the_gripper_open() -> None:
     assert robot.hold_action({"state": [0.5] * 7})[7] == 0.0
 
 
-def engine_for(name: str, policy: Any = None) -> StrategyEngine:
+def engine_for(name: str, policy: Any = None, *, fps: float = 200.0, sync_steps: int = 8) -> StrategyEngine:
     if policy is None:
         policy = chunk_policy(state_dim=13, action_dim=8, chunk_size=16, execution_horizon=10)
     source = LocalChunkSource(policy, execution_horizon=6)
-    config = engine_config(STRATEGIES[name], fps=200.0, refill_margin=4, execution_horizon=6)
-    engine = StrategyEngine(source, config, STRATEGIES[name])
+    config = engine_config(STRATEGIES[name], fps=fps, refill_margin=4, execution_horizon=6)
+    engine = StrategyEngine(source, config, STRATEGIES[name], sync_steps=sync_steps)
     engine.connect()
     return engine
 
@@ -576,11 +576,7 @@ class Never:
 
 
 def test_start_episode_gives_up_with_the_documented_words_after_its_timeout() -> None:
-    source = Never()
-    config = engine_config(STRATEGIES["async"], fps=10.0, refill_margin=4, execution_horizon=6)
-    engine = StrategyEngine(source, config, STRATEGIES["async"])
-    engine.connect()
-    engine.start()
+    engine, source = waiting_engine()
     try:
         env = TabletopPickPlaceEnv()
         observation, _ = env.reset(seed=0)
@@ -609,7 +605,8 @@ def test_a_realtime_episode_ticks_on_the_clock_and_records_every_tick(name: str)
     assert trace.ticks == 6 and ticked == [1, 2, 3, 4, 5, 6]
     assert len(trace.snapshots) == 6 and all(isinstance(s, bytes) for s in trace.snapshots)
     assert trace.first_chunk_s > 0.0
-    assert trace.seconds >= 6 / 50.0  # the last tick lasts its whole period too
+    # the last tick lasts its whole period too (to float rounding: the clock's sums land a hair under)
+    assert trace.seconds >= 6 / 50.0 - 1e-9
     assert trace.seconds < 5.0
     assert trace.success is False
     assert trace.actions[0] is not None  # the first chunk was there before the first tick
@@ -638,11 +635,7 @@ def test_snapshots_are_the_state_before_each_tick_and_off_by_default() -> None:
 
 def test_a_synchronous_episode_of_one_action_per_chunk_steps_the_env_every_tick() -> None:
     """One action per chunk: the robot stalls while it asks again, and the env steps every tick anyway."""
-    policy = chunk_policy(state_dim=13, action_dim=8, chunk_size=16, execution_horizon=10)
-    source = LocalChunkSource(policy, execution_horizon=6)
-    config = engine_config(STRATEGIES["sync"], fps=400.0, refill_margin=4, execution_horizon=6)
-    engine = StrategyEngine(source, config, STRATEGIES["sync"], sync_steps=1)
-    engine.connect()
+    engine = engine_for("sync", fps=400.0, sync_steps=1)
     engine.start()
     env = TabletopPickPlaceEnv(max_episode_steps=5)
     try:
@@ -950,11 +943,7 @@ def test_on_the_clock_each_tick_waits_for_its_period_and_the_episode_lasts_ticks
 def test_without_a_timeout_the_first_chunk_is_awaited_60_s(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeTime(real_pause=0.0)
     monkeypatch.setattr(robot, "time", clock)
-    source = Never()
-    config = engine_config(STRATEGIES["async"], fps=10.0, refill_margin=4, execution_horizon=6)
-    engine = StrategyEngine(source, config, STRATEGIES["async"])
-    engine.connect()
-    engine.start()
+    engine, source = waiting_engine()
     env = TabletopPickPlaceEnv(max_episode_steps=4)
     try:
         with pytest.raises(TimeoutError, match=r"^no first chunk within 60 s \(is the server reachable\?\)$"):
@@ -983,10 +972,7 @@ def test_an_episode_that_succeeds_ends_on_that_tick_as_a_success() -> None:
 
 def test_every_request_during_the_episode_carries_the_newest_observation() -> None:
     policy = chunk_policy(state_dim=13, action_dim=8, chunk_size=16, execution_horizon=10, record_calls=True)
-    source = LocalChunkSource(policy, execution_horizon=6)
-    config = engine_config(STRATEGIES["sync"], fps=50.0, refill_margin=4, execution_horizon=6)
-    engine = StrategyEngine(source, config, STRATEGIES["sync"], sync_steps=2)
-    engine.connect()
+    engine = engine_for("sync", policy, fps=50.0, sync_steps=2)
     engine.start()
     env = TabletopPickPlaceEnv(max_episode_steps=8)
     try:
@@ -1001,6 +987,7 @@ def test_every_request_during_the_episode_carries_the_newest_observation() -> No
 
 
 def waiting_engine() -> tuple[StrategyEngine, Never]:
+    """An async engine at 10 Hz whose source never answers (until ``source.release`` is set)."""
     source = Never()
     config = engine_config(STRATEGIES["async"], fps=10.0, refill_margin=4, execution_horizon=6)
     engine = StrategyEngine(source, config, STRATEGIES["async"])
